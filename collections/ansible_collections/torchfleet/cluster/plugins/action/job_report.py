@@ -1,0 +1,53 @@
+"""Write a run's summary.json, print the per-rank table, and fail naming the culprit."""
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from torchfleet import report
+
+display = Display()
+
+DOCUMENTATION = r"""
+module: job_report
+short_description: Summarise a finished run on the controller
+options:
+  run_id:
+    description: The run's id.
+    type: str
+    required: true
+  run_dir:
+    description: The run's folder on the controller, holding the fetched logs.
+    type: path
+    required: true
+  plan:
+    description: The rank table from rank_plan.
+    type: dict
+    required: true
+  finals:
+    description: Each rank container's final state, as rank_containers reported it.
+    type: list
+    elements: dict
+    required: true
+  reason:
+    description: Why the run was stopped, when no rank is to blame (a time-out).
+    type: str
+"""
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        summary = report.summarize(args["run_id"], args["plan"], args["finals"], args["run_dir"])
+        path = report.write_summary(summary, args["run_dir"])
+        plot = report.plot_losses(summary, args["run_dir"])
+        table = report.format_table(summary)
+        display.display("\n".join([f"torchfleet run {args['run_id']}  ({path})", *table]))
+        result.update(changed=False, summary=summary, table=table, summary_file=str(path), plot=plot)
+        if not summary["ok"]:
+            result.update(failed=True, msg=report.failure_message(summary, args.get("reason")))
+        return result

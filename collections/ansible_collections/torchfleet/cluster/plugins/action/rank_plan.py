@@ -1,0 +1,57 @@
+"""Validate the inventory and build the rank table, on the controller, changing nothing."""
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from torchfleet import ranks
+from torchfleet.errors import InventoryError
+
+DOCUMENTATION = r"""
+module: rank_plan
+short_description: Build and validate the rank table of a job
+description:
+  - Orders the nodes by C(torchfleet_node_rank) or inventory order, numbers the ranks,
+    and picks MASTER_ADDR. Fails with the host and variable named on bad input.
+options:
+  hosts:
+    description: The nodes of the job, in inventory order.
+    type: list
+    elements: str
+    required: true
+  address_var:
+    description: The host variable that holds each node's cluster address.
+    type: str
+    required: true
+  master_port:
+    description: The rendezvous port on the master.
+    type: int
+    default: 29500
+"""
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        hostvars = task_vars["hostvars"]
+        nodes = []
+        try:
+            for name in args["hosts"]:
+                hv = hostvars[name]
+                nodes.append(
+                    {
+                        "name": name,
+                        "node_rank": hv.get(ranks.NODE_RANK_VAR),
+                        "procs": hv.get(ranks.PROCS_VAR),
+                        "address": hv.get(args["address_var"]),
+                    }
+                )
+            table = ranks.rank_table(nodes, args.get("master_port", 29500))
+        except InventoryError as exc:
+            result.update(failed=True, msg=str(exc), host=exc.host, variable=exc.variable)
+            return result
+        result.update(changed=False, plan=table)
+        return result

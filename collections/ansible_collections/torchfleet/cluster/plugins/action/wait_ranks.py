@@ -1,0 +1,130 @@
+"""Wait for a node's rank containers; stop everything as soon as any rank anywhere fails.
+
+Ansible runs one copy of this per node, in parallel. They share an abort folder on the
+controller: the first copy that sees a rank exit non-zero (or vanish, or time out)
+drops a file there, and every other copy notices it on its next poll and returns, so
+the play can stop all ranks at once instead of leaving them hung in a collective.
+"""
+
+import json
+import time
+from pathlib import Path
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+DOCUMENTATION = r"""
+module: wait_ranks
+short_description: Wait for the rank containers of a run, failing fast across nodes
+options:
+  labels:
+    description: Labels that select this run's containers.
+    type: dict
+    required: true
+  expected:
+    description: How many rank containers this node should have.
+    type: int
+    required: true
+  abort_dir:
+    description: A folder on the controller shared by every node's copy of this task.
+    type: path
+    required: true
+  poll_interval:
+    description: Seconds between polls.
+    type: float
+    default: 2
+  progress_interval:
+    description: Seconds between progress lines.
+    type: float
+    default: 10
+  timeout:
+    description: Seconds before the job counts as hung; 0 waits for ever.
+    type: int
+    default: 0
+  listen_host:
+    description: With I(listen_port), return as soon as this address accepts connections.
+    type: str
+  listen_port:
+    description: The port to watch for, such as MASTER_PORT on the master.
+    type: int
+"""
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        host = task_vars["inventory_hostname"]
+        abort_dir = Path(args["abort_dir"])
+        abort_dir.mkdir(parents=True, exist_ok=True)
+        poll = float(args.get("poll_interval", 2))
+        progress_every = float(args.get("progress_interval", 10))
+        timeout = int(args.get("timeout", 0))
+        expected = int(args["expected"])
+        listen = (args["listen_host"], int(args["listen_port"])) if args.get("listen_port") else None
+        started = time.monotonic()
+        last_progress = started
+
+        while True:
+            status = self._execute_module(
+                module_name="torchfleet.cluster.rank_containers",
+                module_args={"labels": args["labels"], "state": "status"},
+                task_vars=task_vars,
+            )
+            if status.get("failed"):
+                return status
+            containers = status["containers"]
+            failed = [c for c in containers if c["exit_code"] not in (None, 0)]
+            reason = None
+            if failed:
+                reason = "rank {} exited with code {}".format(failed[0]["rank"], failed[0]["exit_code"])
+            elif len(containers) < expected:
+                reason = f"{expected - len(containers)} rank container(s) vanished"
+            elif timeout and time.monotonic() - started > timeout:
+                reason = (
+                    f"{listen[0]}:{listen[1]} did not listen within {timeout}s (launch_master_wait_timeout)"
+                    if listen
+                    else f"no result after {timeout}s (launch_timeout)"
+                )
+            if reason:
+                (abort_dir / f"abort-{host}.json").write_text(json.dumps({"host": host, "reason": reason}))
+                outcome = "failed"
+                break
+            if all(c["exit_code"] == 0 for c in containers):
+                outcome = "succeeded"
+                break
+            if listen and self._listening(listen, task_vars):
+                outcome = "listening"
+                break
+            peers = sorted(abort_dir.glob("abort-*.json"))
+            if peers:
+                reason = json.loads(peers[0].read_text())
+                reason = "{} on {}".format(reason["reason"], reason["host"])
+                outcome = "peer-failed"
+                break
+            if time.monotonic() - last_progress >= progress_every:
+                last_progress = time.monotonic()
+                for c in containers:
+                    display.display(f"  [{host}] rank {c['rank']} ({c['status']}): {c.get('last_line', '')[-110:]}")
+            time.sleep(poll)
+
+        result.update(
+            changed=False,
+            outcome=outcome,
+            reason=reason,
+            containers=containers,
+            waited_s=round(time.monotonic() - started, 1),
+        )
+        return result
+
+    def _listening(self, listen, task_vars):
+        probe = self._execute_module(
+            module_name="ansible.builtin.wait_for",
+            module_args={"host": listen[0], "port": listen[1], "timeout": 1},
+            task_vars=task_vars,
+        )
+        return not probe.get("failed")

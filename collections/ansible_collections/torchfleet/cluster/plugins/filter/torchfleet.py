@@ -1,0 +1,50 @@
+"""Filters that turn facts into cluster addresses, Gloo interfaces and rank environments."""
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from torchfleet import netif, ranks
+from torchfleet.errors import InventoryError
+
+
+def _wrap(func):
+    def inner(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except InventoryError as exc:
+            raise AnsibleFilterError(str(exc)) from None
+
+    inner.__doc__ = func.__doc__
+    return inner
+
+
+def cluster_address(host_vars, host):
+    """The address other nodes reach ``host`` on, from its variables and facts."""
+    default = host_vars.get("ansible_default_ipv4") or {}
+    return ranks.cluster_address(
+        host,
+        explicit=host_vars.get(ranks.ADDRESS_VAR),
+        network=host_vars.get(ranks.NETWORK_VAR),
+        ansible_host=host_vars.get("ansible_host"),
+        ipv4_addresses=host_vars.get("ansible_all_ipv4_addresses") or [],
+        default_ipv4=default.get("address"),
+    )["address"]
+
+
+def gloo_interface(master_addr, ip_addr, ip_route, host):
+    """The interface a node routes MASTER_ADDR through (``ip -j`` output as input)."""
+    return netif.gloo_interface(host, master_addr, ip_addr, ip_route)
+
+
+def rank_env(row, table, interface, omp_threads, extra=None):
+    """The environment of one rank, all values strings."""
+    return ranks.rank_env(row, table, interface, omp_threads, extra)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "cluster_address": _wrap(cluster_address),
+            "gloo_interface": _wrap(gloo_interface),
+            "rank_env": _wrap(rank_env),
+        }

@@ -1,0 +1,149 @@
+#!/usr/bin/python
+"""Report on, or stop and remove, the rank containers of a run on one node."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: rank_containers
+short_description: Status, stop and removal of a run's rank containers on a node
+description:
+  - Finds the containers that carry all of I(labels).
+  - With I(state=status) it reports each one's state, exit code and the last log line.
+  - With I(state=absent) it kills those still running, saves each one's log (stdout and
+    stderr merged in time order) into I(log_dir), and removes them.
+options:
+  labels:
+    description: Labels a container must carry, for example C(torchfleet.run).
+    type: dict
+    required: true
+  state:
+    description: What to do.
+    type: str
+    choices: [status, absent]
+    default: status
+  log_dir:
+    description: Where I(state=absent) writes C(rank-N.log); no logs are kept when unset.
+    type: path
+  tail_lines:
+    description: How many log lines to return for a rank that exited non-zero.
+    type: int
+    default: 15
+  docker_cli:
+    description: The docker command.
+    type: str
+    default: docker
+"""
+
+RETURN = r"""
+containers:
+  description: One entry per container, ordered by rank.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+FRACTION = re.compile(r"^(\S+?T\d\d:\d\d:\d\d)(?:\.(\d+))?Z (.*)$")
+
+
+def _cli(module, *args, check=True):
+    rc, out, err = module.run_command([module.params["docker_cli"], *args])
+    if check and rc != 0:
+        module.fail_json(msg=f"docker {' '.join(args[:2])} failed: {err.strip() or out.strip()}")
+    return rc, out, err
+
+
+def merged_log(module, name, tail=None):
+    """stdout and stderr of a container, merged by docker's timestamps."""
+    args = ["logs", "--timestamps"]
+    if tail:
+        args += ["--tail", str(tail)]
+    rc, out, err = _cli(module, *args, name, check=False)
+    lines = []
+    for stream, text in ((0, out), (1, err)):
+        for seq, line in enumerate(text.splitlines()):
+            match = FRACTION.match(line)
+            if match:
+                # Docker trims trailing zeros of the fraction; pad it so text order is time order.
+                key = f"{match[1]}.{(match[2] or '').ljust(9, '0')}"
+                lines.append((key, stream, seq, match[3]))
+            else:
+                lines.append(("", stream, seq, line))
+    lines.sort()
+    return "\n".join(entry[3] for entry in lines) + ("\n" if lines else "")
+
+
+def find(module):
+    filters = []
+    for key, value in sorted(module.params["labels"].items()):
+        filters += ["--filter", f"label={key}={value}"]
+    _, out, _ = _cli(module, "ps", "--all", "--quiet", "--no-trunc", *filters)
+    ids = out.split()
+    if not ids:
+        return []
+    _, out, _ = _cli(module, "inspect", *ids)
+    found = []
+    for item in json.loads(out):
+        labels = item["Config"].get("Labels") or {}
+        state = item["State"]
+        found.append(
+            {
+                "id": item["Id"],
+                "name": item["Name"].lstrip("/"),
+                "rank": int(labels.get("torchfleet.rank", -1)),
+                "status": state["Status"],
+                "running": state["Running"],
+                "exit_code": None if state["Running"] else state["ExitCode"],
+                "oom_killed": state.get("OOMKilled", False),
+                "started_at": state.get("StartedAt"),
+                "finished_at": None if state["Running"] else state.get("FinishedAt"),
+            }
+        )
+    return sorted(found, key=lambda c: c["rank"])
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "labels": {"type": "dict", "required": True},
+            "state": {"type": "str", "choices": ["status", "absent"], "default": "status"},
+            "log_dir": {"type": "path"},
+            "tail_lines": {"type": "int", "default": 15},
+            "docker_cli": {"type": "str", "default": "docker"},
+        },
+        supports_check_mode=True,
+    )
+    containers = find(module)
+    if module.params["state"] == "status":
+        for c in containers:
+            recent = merged_log(module, c["name"], tail=module.params["tail_lines"]).rstrip("\n")
+            c["last_line"] = recent.splitlines()[-1] if recent else ""
+            if c["exit_code"] not in (None, 0):
+                c["log_tail"] = recent
+        module.exit_json(changed=False, containers=containers)
+
+    if not containers or module.check_mode:
+        module.exit_json(changed=bool(containers), containers=containers)
+    running = [c["name"] for c in containers if c["running"]]
+    if running:
+        _cli(module, "kill", *running, check=False)
+    finals = find(module)
+    for c in finals:
+        c["stopped_by_torchfleet"] = c["name"] in running
+        if module.params["log_dir"]:
+            os.makedirs(module.params["log_dir"], exist_ok=True)
+            path = os.path.join(module.params["log_dir"], f"rank-{c['rank']}.log")
+            with open(path, "w") as fh:
+                fh.write(merged_log(module, c["name"]))
+            c["log"] = path
+    _cli(module, "rm", "--force", *[c["id"] for c in finals])
+    module.exit_json(changed=True, containers=finals)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up the controller: a virtualenv in .venv with Ansible, torchfleet and the test tools.
+# Docker itself is installed and started by playbooks/local_cluster.yml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! python3 -c 'import ensurepip' 2>/dev/null; then
+  echo "==> installing python3-venv"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  python3 -m venv .venv
+fi
+stamp=".venv/.torchfleet-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  echo "==> installing torchfleet and its tools into .venv (about a minute)"
+  .venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored" || true
+  .venv/bin/python -c 'import torchfleet, ansible_runner, molecule' 
+  touch "$stamp"
+fi

@@ -1,0 +1,3 @@
+"""torchfleet: provision CPU clusters and run PyTorch DDP jobs on them with Ansible."""
+
+__version__ = "0.1.0"

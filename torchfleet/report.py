@@ -1,0 +1,191 @@
+"""Turn what the ranks left behind (exit states, logs) into a run summary."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+STEP_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)?.*?Train Epoch: (?P<epoch>\d+) "
+    r"\[(?P<batch>\d+)/(?P<batches>\d+) \(\d+%\)\]\s+loss=(?P<loss>[-+0-9.eE]+|nan|inf)"
+)
+# Messages a rank prints when a *peer* went away; such a rank is a victim, not the cause.
+PEER_ERROR_RE = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|Socket Timeout|Timed out waiting|"
+    r"stopped by torchfleet",
+    re.IGNORECASE,
+)
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """Parse docker's RFC 3339 timestamps (nanoseconds, Z) and the workload's."""
+    if not text or text.startswith("0001-01-01"):
+        return None
+    text = text.strip().replace("Z", "+00:00")
+    main, _, rest = text.partition(".")
+    if rest:
+        digits = re.match(r"\d+", rest).group(0)
+        text = f"{main}.{digits[:6]}{rest[len(digits):]}"
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def parse_steps(log: str) -> list[dict[str, Any]]:
+    """Every ``Train Epoch`` line of a log, with a global step number."""
+    steps = []
+    for line in log.splitlines():
+        match = STEP_RE.search(line)
+        if not match:
+            continue
+        epoch, batch, batches = (int(match[k]) for k in ("epoch", "batch", "batches"))
+        steps.append(
+            {
+                "epoch": epoch,
+                "batch": batch,
+                "step": (epoch - 1) * batches + batch,
+                "loss": float(match["loss"]),
+                "time": match["ts"],
+            }
+        )
+    return steps
+
+
+def tail(log: str, lines: int = 15) -> str:
+    return "\n".join(log.rstrip().splitlines()[-lines:])
+
+
+def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
+              run_dir: str | Path) -> dict[str, Any]:
+    """Combine the rank table, each container's final state and the fetched logs.
+
+    ``finals`` holds one mapping per rank as the node-side module reported it before
+    removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet.
+    """
+    run_dir = Path(run_dir)
+    by_rank = {int(f["rank"]): f for f in finals}
+    rows = []
+    for entry in table["ranks"]:
+        rank = entry["rank"]
+        final = by_rank.get(rank, {})
+        log_path = run_dir / f"rank-{rank}.log"
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        steps = parse_steps(log)
+        started, finished = parse_time(final.get("started_at")), parse_time(final.get("finished_at"))
+        exit_code = final.get("exit_code")
+        if final.get("stopped_by_torchfleet"):
+            outcome = "stopped"
+        elif exit_code == 0:
+            outcome = "ok"
+        elif exit_code is None:
+            outcome = "missing"
+        else:
+            outcome = "failed"
+        rows.append(
+            {
+                "rank": rank,
+                "host": entry["host"],
+                "exit_code": exit_code,
+                "outcome": outcome,
+                "duration_s": round((finished - started).total_seconds(), 1) if started and finished else None,
+                "last_loss": steps[-1]["loss"] if steps else None,
+                "steps": len(steps),
+                "started_at": final.get("started_at"),
+                "finished_at": final.get("finished_at"),
+                "first_step_at": steps[0]["time"] if steps else None,
+                "log": str(log_path) if log_path.exists() else None,
+                "peer_error": bool(PEER_ERROR_RE.search(log)),
+                "log_tail": tail(log),
+            }
+        )
+    culprit = choose_culprit(rows)
+    checksums = {}
+    for row in rows:
+        path = run_dir / f"checksum-rank-{row['rank']}.txt"
+        if path.exists():
+            checksums[row["rank"]] = path.read_text().strip()
+    return {
+        "run_id": run_id,
+        "master": f"{table['master_addr']}:{table['master_port']}",
+        "world_size": table["world_size"],
+        "ok": culprit is None and all(r["outcome"] == "ok" for r in rows),
+        "failed_rank": culprit,
+        "checksums": checksums,
+        "checksums_equal": len(checksums) == len(rows) and len(set(checksums.values())) == 1,
+        "model": str(run_dir / "model.pt") if (run_dir / "model.pt").exists() else None,
+        "ranks": rows,
+    }
+
+
+def choose_culprit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rank that failed first, preferring one that did not just lose a peer."""
+    failed = [r for r in rows if r["outcome"] in ("failed", "missing")]
+    if not failed:
+        return None
+    far_future = datetime.max.replace(tzinfo=timezone.utc)
+    failed.sort(key=lambda r: (r["peer_error"], parse_time(r["finished_at"]) or far_future))
+    first = failed[0]
+    return {k: first[k] for k in ("rank", "host", "exit_code", "log", "log_tail")}
+
+
+def format_table(summary: Mapping[str, Any]) -> list[str]:
+    header = f"{'rank':>4}  {'host':<16} {'exit':>4}  {'outcome':<8} {'duration':>9}  {'last loss':>9}"
+    lines = [header, "-" * len(header)]
+    for r in summary["ranks"]:
+        exit_code = "-" if r["exit_code"] is None else str(r["exit_code"])
+        duration = "-" if r["duration_s"] is None else f"{r['duration_s']:.1f}s"
+        loss = "-" if r["last_loss"] is None else f"{r['last_loss']:.4f}"
+        lines.append(f"{r['rank']:>4}  {r['host']:<16} {exit_code:>4}  {r['outcome']:<8} {duration:>9}  {loss:>9}")
+    return lines
+
+
+def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> str:
+    c = summary["failed_rank"]
+    if c is None:
+        return f"run {summary['run_id']} was stopped: {reason or 'not every rank finished'}"
+    return (
+        f"rank {c['rank']} on {c['host']} exited with code {c['exit_code']}; "
+        f"every other rank was stopped. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}"
+    )
+
+
+def write_summary(summary: Mapping[str, Any], run_dir: str | Path) -> Path:
+    path = Path(run_dir) / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def plot_losses(summary: Mapping[str, Any], run_dir: str | Path) -> str | None:
+    """A PNG of every rank's loss over steps; None where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    plotted = False
+    for row in summary["ranks"]:
+        if not row.get("log"):
+            continue
+        steps = parse_steps(Path(row["log"]).read_text(errors="replace"))
+        if steps:
+            ax.plot([s["step"] for s in steps], [s["loss"] for s in steps], marker=".",
+                    label=f"rank {row['rank']} ({row['host']})")
+            plotted = True
+    if not plotted:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"torchfleet run {summary['run_id']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(run_dir) / "loss.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
