@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -145,9 +146,16 @@ def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> st
     c = summary["failed_rank"]
     if c is None:
         return f"run {summary['run_id']} was stopped: {reason or 'not every rank finished'}"
+    code = c["exit_code"]
+    how = f"exited with code {code}" if code is not None else "never reported an exit code"
+    if isinstance(code, int) and code > 128:
+        try:
+            how += f" (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
     return (
-        f"rank {c['rank']} on {c['host']} exited with code {c['exit_code']}; "
-        f"every other rank was stopped. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}"
+        f"rank {c['rank']} on {c['host']} {how}; the other ranks were stopped and no rank "
+        f"container is left. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}"
     )
 
 

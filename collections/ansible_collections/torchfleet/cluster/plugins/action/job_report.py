@@ -1,5 +1,8 @@
 """Write a run's summary.json, print the per-rank table, and fail naming the culprit."""
 
+import shutil
+from pathlib import Path
+
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -47,7 +50,12 @@ class ActionModule(ActionBase):
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)
         display.display("\n".join([f"torchfleet run {args['run_id']}  ({path})", *table]))
-        result.update(changed=False, summary=summary, table=table, summary_file=str(path), plot=plot)
+        shutil.rmtree(Path(args["run_dir"]) / ".abort", ignore_errors=True)
         if not summary["ok"]:
-            result.update(failed=True, msg=report.failure_message(summary, args.get("reason")))
+            # Keep the failure short: the message, and where the rest is.
+            result.update(failed=True, msg=report.failure_message(summary, args.get("reason")),
+                          failed_rank=summary["failed_rank"]["rank"] if summary["failed_rank"] else None,
+                          summary_file=str(path))
+            return result
+        result.update(changed=False, summary=summary, table=table, summary_file=str(path), plot=plot)
         return result

@@ -1,0 +1,76 @@
+import json
+
+from torchfleet.report import choose_culprit, failure_message, format_table, parse_steps, summarize
+
+OK_LOG = """2026-11-22T03:46:10.166Z INFO     [rank {r}] Using distributed PyTorch with gloo backend
+2026-11-22T03:46:17.365Z INFO     [rank {r}] Train Epoch: 1 [0/10 (0%)]\tloss=2.2662
+2026-11-22T03:46:18.218Z INFO     [rank {r}] Train Epoch: 1 [9/10 (90%)]\tloss=2.2422
+2026-11-22T03:46:18.900Z INFO     [rank {r}] Train Epoch: 2 [0/10 (0%)]\tloss=1.5000
+"""
+PEER_LOG = OK_LOG + "RuntimeError: [pair.cc:537] Read error [172.29.0.3]:31113: Connection reset by peer.\n"
+
+
+def table(n=3):
+    return {
+        "master_addr": "10.0.0.1",
+        "master_port": 29500,
+        "world_size": n,
+        "ranks": [{"rank": r, "host": f"node-{r + 1}"} for r in range(n)],
+    }
+
+
+def final(rank, code, finished, stopped=False):
+    return {"rank": rank, "exit_code": code, "started_at": "2026-11-22T03:46:00.000000000Z",
+            "finished_at": finished, "stopped_by_torchfleet": stopped}
+
+
+def test_parse_steps_counts_global_steps():
+    steps = parse_steps(OK_LOG.format(r=0))
+    assert [(s["epoch"], s["step"], s["loss"]) for s in steps] == [(1, 0, 2.2662), (1, 9, 2.2422), (2, 10, 1.5)]
+    assert steps[0]["time"] == "2026-11-22T03:46:17.365Z"
+
+
+def test_summary_of_a_good_run(tmp_path):
+    for r in range(3):
+        (tmp_path / f"rank-{r}.log").write_text(OK_LOG.format(r=r))
+        (tmp_path / f"checksum-rank-{r}.txt").write_text("abc\n")
+    finals = [final(r, 0, "2026-11-22T03:46:20.5Z") for r in range(3)]
+    s = summarize("run1", table(), finals, tmp_path)
+    assert s["ok"] and s["checksums_equal"] and s["failed_rank"] is None
+    assert [(r["rank"], r["exit_code"], r["duration_s"], r["last_loss"]) for r in s["ranks"]] == [
+        (0, 0, 20.5, 1.5), (1, 0, 20.5, 1.5), (2, 0, 20.5, 1.5)]
+    lines = format_table(s)
+    assert lines[2].split() == ["0", "node-1", "0", "ok", "20.5s", "1.5000"]
+    json.dumps(s)
+
+
+def test_the_killed_rank_is_blamed_not_the_peers_that_lost_it(tmp_path):
+    # The peers finished a hair *earlier* than the killed rank by docker's clock, but
+    # their logs show they only lost a peer.
+    (tmp_path / "rank-0.log").write_text(PEER_LOG.format(r=0))
+    (tmp_path / "rank-1.log").write_text(OK_LOG.format(r=1))
+    (tmp_path / "rank-2.log").write_text(PEER_LOG.format(r=2))
+    finals = [final(0, 1, "2026-11-22T03:47:04.80Z"), final(1, 137, "2026-11-22T03:47:04.90Z"),
+              final(2, 1, "2026-11-22T03:47:04.85Z")]
+    s = summarize("run2", table(), finals, tmp_path)
+    assert not s["ok"]
+    assert s["failed_rank"]["rank"] == 1
+    msg = failure_message(s)
+    assert msg.startswith("rank 1 on node-2 exited with code 137 (killed by SIGKILL); the other ranks were stopped")
+
+
+def test_stopped_ranks_are_not_blamed():
+    rows = [
+        {"rank": 0, "outcome": "stopped", "peer_error": False, "finished_at": "2026-11-22T00:00:01Z"},
+        {"rank": 1, "outcome": "failed", "peer_error": False, "finished_at": "2026-11-22T00:00:02Z",
+         "host": "b", "exit_code": 3, "log": None, "log_tail": ""},
+    ]
+    assert choose_culprit(rows)["rank"] == 1
+
+
+def test_a_timeout_names_the_reason(tmp_path):
+    finals = [final(r, 137, "2026-11-22T03:47:04Z", stopped=True) for r in range(2)]
+    s = summarize("run3", table(2), finals, tmp_path)
+    assert not s["ok"] and s["failed_rank"] is None
+    assert failure_message(s, "no result after 60s (launch_timeout)") == (
+        "run run3 was stopped: no result after 60s (launch_timeout)")
