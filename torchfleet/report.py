@@ -97,6 +97,7 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
                 "finished_at": final.get("finished_at"),
                 "first_step_at": steps[0]["time"] if steps else None,
                 "log": str(log_path) if log_path.exists() else None,
+                "env": final.get("env", {}),
                 "peer_error": bool(PEER_ERROR_RE.search(log)),
                 "log_tail": tail(log),
             }

@@ -48,6 +48,9 @@ containers:
   elements: dict
 """
 
+# The part of each rank's environment worth keeping in the run report.
+REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|"
+                          r"OMP_NUM_THREADS|GLOO_\w+|TORCHFLEET_\w+)=")
 FRACTION = re.compile(r"^(\S+?T\d\d:\d\d:\d\d)(?:\.(\d+))?Z (.*)$")
 
 
@@ -102,6 +105,7 @@ def find(module):
                 "oom_killed": state.get("OOMKilled", False),
                 "started_at": state.get("StartedAt"),
                 "finished_at": None if state["Running"] else state.get("FinishedAt"),
+                "env": dict(e.split("=", 1) for e in item["Config"].get("Env") or [] if REPORTED_ENV.match(e)),
             }
         )
     return sorted(found, key=lambda c: c["rank"])
