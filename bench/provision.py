@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Time torchfleet's steps on a fresh local cluster and print them as ratios.
+
+Measured in one run, on a cluster of its own (torchfleet-bench):
+  - local cluster creation (images cached), and its re-run;
+  - site.yml on fresh nodes (engine, 1.1 GB image load, dataset), and its re-run;
+  - launch: from `ansible-playbook launch.yml` to rank 0's first training step, against
+    the same job started by hand, one `docker run` per node, rank 0 first.
+
+Run from the repository root with the venv active: python bench/provision.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from torchfleet.report import parse_steps, parse_time  # noqa: E402
+
+NAME = "torchfleet-bench"
+STATE = ROOT / ".torchfleet"
+INV_DIR = STATE / "bench" / "inventory"
+ENV = dict(os.environ, TORCHFLEET_STATE_DIR=str(STATE), TORCHFLEET_RUNS_DIR=str(STATE / "bench" / "runs"))
+CLUSTER_VARS = [
+    "-e", f"local_cluster_name={NAME}",
+    "-e", "local_cluster_subnet=172.29.3.0/24",
+    "-e", f"local_cluster_inventory={INV_DIR / 'hosts.yml'}",
+]
+
+
+def run(*args: str, quiet: bool = True) -> float:
+    t0 = time.monotonic()
+    print("  $", " ".join(args), flush=True)
+    out = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=quiet, text=True)
+    if out.returncode != 0:
+        sys.exit(f"failed ({out.returncode}):\n{(out.stdout or '')[-3000:]}")
+    return time.monotonic() - t0
+
+
+def playbook(*args: str) -> float:
+    return run("ansible-playbook", *args)
+
+
+def first_step(log: str) -> datetime:
+    return parse_time(parse_steps(log)[0]["time"])
+
+
+def by_hand() -> float:
+    """The guides' way: one docker run per node, rank 0 first, then the others."""
+    hosts = json.loads(subprocess.run(
+        ["ansible-inventory", "-i", str(INV_DIR), "--list"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+        check=True).stdout)
+    addrs = [hosts["_meta"]["hostvars"][f"node-{i}"]["ansible_host"] for i in (1, 2, 3)]
+    start = datetime.now(timezone.utc)
+    for rank, addr in enumerate(addrs):
+        subprocess.run([
+            "docker", "exec", f"{NAME}-node-{rank + 1}", "docker", "run", "-d", "--name", "byhand", "--network", "host",
+            "-v", "/var/lib/torchfleet/datasets/fashion-mnist:/data:ro",
+            "-v", "/var/lib/torchfleet/workloads/mnist:/workload:ro",
+            "-e", f"MASTER_ADDR={addrs[0]}", "-e", "MASTER_PORT=29500", "-e", "WORLD_SIZE=3", "-e", f"RANK={rank}",
+            "-e", "OMP_NUM_THREADS=1", "-e", "GLOO_SOCKET_IFNAME=eth0",
+            "torchfleet/train:2.13.0-cpu", "python3", "/workload/mnist.py", "--epoch", "1", "--data-dir", "/data",
+            "--out-dir", "/tmp",
+        ], check=True, capture_output=True)
+    for rank in range(3):
+        subprocess.run(["docker", "exec", f"{NAME}-node-{rank + 1}", "docker", "wait", "byhand"], check=True,
+                       capture_output=True)
+    log = subprocess.run(["docker", "exec", f"{NAME}-node-1", "docker", "logs", "byhand"], capture_output=True,
+                         text=True).stdout
+    for rank in range(3):
+        subprocess.run(["docker", "exec", f"{NAME}-node-{rank + 1}", "docker", "rm", "byhand"], capture_output=True)
+    return (first_step(log) - start).total_seconds()
+
+
+def main() -> None:
+    INV_DIR.mkdir(parents=True, exist_ok=True)
+    link = INV_DIR / "group_vars"
+    if not link.exists():
+        link.symlink_to(ROOT / "inventory" / "local" / "group_vars")
+    inv = ["-i", str(INV_DIR)]
+    print("==> removing any earlier bench cluster")
+    playbook("playbooks/local_cluster.yml", *CLUSTER_VARS, "-e", "local_cluster_state=absent")
+    t = {}
+    print("==> timing")
+    t["cluster up"] = playbook("playbooks/local_cluster.yml", *CLUSTER_VARS)
+    t["cluster up again"] = playbook("playbooks/local_cluster.yml", *CLUSTER_VARS)
+    t["site.yml first"] = playbook("site.yml", *inv)
+    t["site.yml again"] = playbook("site.yml", *inv)
+    start = datetime.now(timezone.utc)
+    t["launch total"] = playbook("playbooks/launch.yml", *inv, "-e", '{"launch_args": ["--epoch", "1"]}')
+    runs = sorted((STATE / "bench" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    t["launch to first step"] = (first_step((runs[-1] / "rank-0.log").read_text()) - start).total_seconds()
+    t["docker run by hand to first step"] = by_hand()
+    playbook("playbooks/local_cluster.yml", *CLUSTER_VARS, "-e", "local_cluster_state=absent")
+
+    print(f"\n{'step':<36}{'seconds':>9}")
+    for key, value in t.items():
+        print(f"{key:<36}{value:>9.1f}")
+    print(f"\n{'ratio':<52}{'value':>7}")
+    for label, a, b in [
+        ("cluster up again / cluster up", "cluster up again", "cluster up"),
+        ("site.yml again / site.yml first", "site.yml again", "site.yml first"),
+        ("launch to first step / docker run by hand", "launch to first step", "docker run by hand to first step"),
+    ]:
+        print(f"{label:<52}{t[a] / t[b]:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
