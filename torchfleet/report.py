@@ -98,6 +98,7 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
                 "first_step_at": steps[0]["time"] if steps else None,
                 "log": str(log_path) if log_path.exists() else None,
                 "env": final.get("env", {}),
+                "cpuset": final.get("cpuset"),
                 "peer_error": bool(PEER_ERROR_RE.search(log)),
                 "log_tail": tail(log),
             }

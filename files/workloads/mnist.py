@@ -73,6 +73,27 @@ def world():
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
 
 
+def format_cpus(cpus):
+    ranges, start = [], None
+    for i, cpu in enumerate(cpus):
+        start = cpu if start is None else start
+        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
+            ranges.append(str(start) if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(ranges)
+
+
+def cgroup_cpuset():
+    """The container's effective cpuset as its cgroup states it (v2, then v1)."""
+    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/fs/cgroup/cpuset/cpuset.effective_cpus"):
+        try:
+            with open(path) as fh:
+                return fh.read().strip()
+        except OSError:
+            continue
+    return "-"
+
+
 def checksum(model):
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -105,6 +126,9 @@ def main(argv=None):
         datefmt="%Y-%m-%dT%H:%M:%S",
     )
     torch.manual_seed(args.seed)
+    log.info("CPU affinity %s, cgroup cpuset %s, OMP_NUM_THREADS=%s, torch threads %d",
+             format_cpus(sorted(os.sched_getaffinity(0))), cgroup_cpuset(),
+             os.environ.get("OMP_NUM_THREADS", "-"), torch.get_num_threads())
 
     distributed = world_size > 1
     if distributed:

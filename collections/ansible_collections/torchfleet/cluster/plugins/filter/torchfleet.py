@@ -3,7 +3,7 @@
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import netif, ranks
+from torchfleet import cpus, netif, ranks
 from torchfleet.errors import InventoryError
 
 
@@ -41,10 +41,27 @@ def rank_env(row, table, interface, omp_threads, extra=None):
     return ranks.rank_env(row, table, interface, omp_threads, extra)
 
 
+def cpu_plan(topology, host, ranks_on_node, cores_per_rank=0, use_hyperthreads=False, reserved="", cpusets=None):
+    """Each local rank's cpuset, cpuset_mems and OMP_NUM_THREADS, from cpu_topology's result."""
+    table = cpus.parse_lscpu(topology["lscpu"])
+    if cpusets:
+        return cpus.check_explicit(host, table, list(cpusets), int(ranks_on_node))
+    return cpus.allocate(
+        host,
+        table,
+        int(ranks_on_node),
+        cores_per_rank=int(cores_per_rank) or None,
+        use_hyperthreads=bool(use_hyperthreads),
+        reserved=reserved,
+        allowed=topology.get("allowed"),
+    )
+
+
 class FilterModule:
     def filters(self):
         return {
             "cluster_address": _wrap(cluster_address),
             "gloo_interface": _wrap(gloo_interface),
             "rank_env": _wrap(rank_env),
+            "cpu_plan": _wrap(cpu_plan),
         }

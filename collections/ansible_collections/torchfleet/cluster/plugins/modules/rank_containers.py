@@ -105,6 +105,7 @@ def find(module):
                 "oom_killed": state.get("OOMKilled", False),
                 "started_at": state.get("StartedAt"),
                 "finished_at": None if state["Running"] else state.get("FinishedAt"),
+                "cpuset": item["HostConfig"].get("CpusetCpus") or None,
                 "env": dict(e.split("=", 1) for e in item["Config"].get("Env") or [] if REPORTED_ENV.match(e)),
             }
         )
