@@ -99,6 +99,9 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
                 "log": str(log_path) if log_path.exists() else None,
                 "env": final.get("env", {}),
                 "cpuset": final.get("cpuset"),
+                "devices": final.get("devices", []),
+                "mounts": final.get("mounts", []),
+                "oom_kill_disable": final.get("oom_kill_disable", False),
                 "peer_error": bool(PEER_ERROR_RE.search(log)),
                 "log_tail": tail(log),
             }

@@ -50,7 +50,7 @@ containers:
 
 # The part of each rank's environment worth keeping in the run report.
 REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|"
-                          r"OMP_NUM_THREADS|GLOO_\w+|TORCHFLEET_\w+)=")
+                          r"OMP_NUM_THREADS|GLOO_\w+|SGX_\w+|TORCHFLEET_\w+|http_proxy|https_proxy|no_proxy)=")
 FRACTION = re.compile(r"^(\S+?T\d\d:\d\d:\d\d)(?:\.(\d+))?Z (.*)$")
 
 
@@ -106,6 +106,10 @@ def find(module):
                 "started_at": state.get("StartedAt"),
                 "finished_at": None if state["Running"] else state.get("FinishedAt"),
                 "cpuset": item["HostConfig"].get("CpusetCpus") or None,
+                "devices": [d["PathOnHost"] for d in item["HostConfig"].get("Devices") or []],
+                "mounts": sorted(f"{m['Source']}:{m['Destination']}" + ("" if m.get("RW", True) else ":ro")
+                                 for m in item.get("Mounts") or []),
+                "oom_kill_disable": bool(item["HostConfig"].get("OomKillDisable")),
                 "env": dict(e.split("=", 1) for e in item["Config"].get("Env") or [] if REPORTED_ENV.match(e)),
             }
         )
