@@ -137,13 +137,14 @@ def choose_culprit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def format_table(summary: Mapping[str, Any]) -> list[str]:
-    header = f"{'rank':>4}  {'host':<16} {'exit':>4}  {'outcome':<8} {'duration':>9}  {'last loss':>9}"
+    header = f"{'rank':>4}  {'host':<16} {'exit':>4}  {'outcome':<8} {'duration':>9}  {'last loss':>9}  cpuset"
     lines = [header, "-" * len(header)]
     for r in summary["ranks"]:
         exit_code = "-" if r["exit_code"] is None else str(r["exit_code"])
         duration = "-" if r["duration_s"] is None else f"{r['duration_s']:.1f}s"
         loss = "-" if r["last_loss"] is None else f"{r['last_loss']:.4f}"
-        lines.append(f"{r['rank']:>4}  {r['host']:<16} {exit_code:>4}  {r['outcome']:<8} {duration:>9}  {loss:>9}")
+        lines.append(f"{r['rank']:>4}  {r['host']:<16} {exit_code:>4}  {r['outcome']:<8} {duration:>9}  {loss:>9}  "
+                     f"{r.get('cpuset') or '-'}")
     return lines
 
 
