@@ -21,6 +21,10 @@ PEER_ERROR_RE = re.compile(
 )
 
 
+# What rank_containers reports of each container's configuration, with its default.
+CONTAINER_FIELDS = {"env": {}, "cpuset": None, "devices": [], "mounts": [], "oom_kill_disable": False}
+
+
 def parse_time(text: str | None) -> datetime | None:
     """Parse docker's RFC 3339 timestamps (nanoseconds, Z) and the workload's."""
     if not text or text.startswith("0001-01-01"):
@@ -97,13 +101,11 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
                 "finished_at": final.get("finished_at"),
                 "first_step_at": steps[0]["time"] if steps else None,
                 "log": str(log_path) if log_path.exists() else None,
-                "env": final.get("env", {}),
-                "cpuset": final.get("cpuset"),
-                "devices": final.get("devices", []),
-                "mounts": final.get("mounts", []),
-                "oom_kill_disable": final.get("oom_kill_disable", False),
                 "peer_error": bool(PEER_ERROR_RE.search(log)),
                 "log_tail": tail(log),
+                # Kept here so the plot needs no second pass over the logs.
+                "curve": [[s["step"], s["loss"]] for s in steps],
+                **{key: final.get(key, default) for key, default in CONTAINER_FIELDS.items()},
             }
         )
     culprit = choose_culprit(rows)
@@ -183,12 +185,9 @@ def plot_losses(summary: Mapping[str, Any], run_dir: str | Path) -> str | None:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     plotted = False
     for row in summary["ranks"]:
-        if not row.get("log"):
-            continue
-        steps = parse_steps(Path(row["log"]).read_text(errors="replace"))
-        if steps:
-            ax.plot([s["step"] for s in steps], [s["loss"] for s in steps], marker=".",
-                    label=f"rank {row['rank']} ({row['host']})")
+        if row["curve"]:
+            steps, losses = zip(*row["curve"])
+            ax.plot(steps, losses, marker=".", label=f"rank {row['rank']} ({row['host']})")
             plotted = True
     if not plotted:
         plt.close(fig)

@@ -39,6 +39,7 @@ def test_summary_of_a_good_run(tmp_path):
     assert s["ok"] and s["checksums_equal"] and s["failed_rank"] is None
     assert [(r["rank"], r["exit_code"], r["duration_s"], r["last_loss"]) for r in s["ranks"]] == [
         (0, 0, 20.5, 1.5), (1, 0, 20.5, 1.5), (2, 0, 20.5, 1.5)]
+    assert s["ranks"][0]["curve"] == [[0, 2.2662], [9, 2.2422], [10, 1.5]]
     lines = format_table(s)
     assert lines[2].split() == ["0", "node-1", "0", "ok", "20.5s", "1.5000", "-"]
     json.dumps(s)
