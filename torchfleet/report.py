@@ -63,11 +63,12 @@ def tail(log: str, lines: int = 15) -> str:
 
 
 def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
-              run_dir: str | Path) -> dict[str, Any]:
+              run_dir: str | Path, master_listened: bool = True) -> dict[str, Any]:
     """Combine the rank table, each container's final state and the fetched logs.
 
     ``finals`` holds one mapping per rank as the node-side module reported it before
-    removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet.
+    removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet. When the
+    master never opened MASTER_PORT, the workers were never started: they are not to blame.
     """
     run_dir = Path(run_dir)
     by_rank = {int(f["rank"]): f for f in finals}
@@ -84,6 +85,8 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
             outcome = "stopped"
         elif exit_code == 0:
             outcome = "ok"
+        elif exit_code is None and not final and not master_listened:
+            outcome = "not started"
         elif exit_code is None:
             outcome = "missing"
         else:
@@ -153,7 +156,11 @@ def format_table(summary: Mapping[str, Any]) -> list[str]:
 def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> str:
     c = summary["failed_rank"]
     if c is None:
-        return f"run {summary['run_id']} was stopped: {reason or 'not every rank finished'}"
+        message = f"run {summary['run_id']} was stopped: {reason or 'not every rank finished'}"
+        master = summary["ranks"][0] if summary["ranks"] else None
+        if master and master.get("log_tail"):
+            message += f"\n--- last lines of rank 0 on {master['host']} ---\n{master['log_tail']}"
+        return message
     code = c["exit_code"]
     how = f"exited with code {code}" if code is not None else "never reported an exit code"
     if isinstance(code, int) and code > 128:
@@ -192,7 +199,10 @@ def plot_losses(summary: Mapping[str, Any], run_dir: str | Path) -> str | None:
     if not plotted:
         plt.close(fig)
         return None
-    ax.set_xlabel("step")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step (batch)")
     ax.set_ylabel("training loss")
     ax.set_title(f"torchfleet run {summary['run_id']}")
     ax.grid(alpha=0.3)

@@ -75,3 +75,14 @@ def test_a_timeout_names_the_reason(tmp_path):
     assert not s["ok"] and s["failed_rank"] is None
     assert failure_message(s, "no result after 60s (launch_timeout)") == (
         "run run3 was stopped: no result after 60s (launch_timeout)")
+
+
+def test_workers_never_started_are_not_blamed_when_the_master_never_listened(tmp_path):
+    (tmp_path / "rank-0.log").write_text("waiting in init_process_group\n")
+    finals = [final(0, 137, "2026-11-22T03:48:00.0Z", stopped=True)]
+    s = summarize("run3", table(), finals, tmp_path, master_listened=False)
+    assert [r["outcome"] for r in s["ranks"]] == ["stopped", "not started", "not started"]
+    assert not s["ok"] and s["failed_rank"] is None
+    msg = failure_message(s, "10.0.0.1:29500 did not listen within 120s (launch_master_wait_timeout)")
+    assert msg.startswith("run run3 was stopped: 10.0.0.1:29500 did not listen within 120s")
+    assert msg.endswith("--- last lines of rank 0 on node-1 ---\nwaiting in init_process_group")

@@ -35,6 +35,10 @@ options:
   reason:
     description: Why the run was stopped, when no rank is to blame (a time-out).
     type: str
+  master_listened:
+    description: Whether MASTER_PORT opened; when not, the other ranks were never started.
+    type: bool
+    default: true
 """
 
 
@@ -45,7 +49,8 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = self._task.args
-        summary = report.summarize(args["run_id"], args["plan"], args["finals"], args["run_dir"])
+        summary = report.summarize(args["run_id"], args["plan"], args["finals"], args["run_dir"],
+                                   bool(args.get("master_listened", True)))
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)

@@ -19,7 +19,7 @@ description:
     stderr merged in time order) into I(log_dir), and removes them.
 options:
   labels:
-    description: Labels a container must carry, for example C(torchfleet.run).
+    description: Labels a container must carry, for example C(torchfleet.run); an empty value matches any value.
     type: dict
     required: true
   state:
@@ -84,7 +84,8 @@ def merged_log(module, name, tail=None):
 def find(module):
     filters = []
     for key, value in sorted(module.params["labels"].items()):
-        filters += ["--filter", f"label={key}={value}"]
+        # An empty value matches any container that has the label at all.
+        filters += ["--filter", f"label={key}={value}" if value not in (None, "") else f"label={key}"]
     _, out, _ = _cli(module, "ps", "--all", "--quiet", "--no-trunc", *filters)
     ids = out.split()
     if not ids:
