@@ -1,13 +1,53 @@
-"""Errors that name the host and the variable a user has to fix."""
+"""Errors that name the host, the variable or the task a user has to look at."""
 
 from __future__ import annotations
 
+from typing import Any
 
-class InventoryError(ValueError):
+
+class TorchfleetError(Exception):
+    """Base of every error torchfleet raises."""
+
+    def __init__(self, message: str, host: str | None = None, task: str | None = None):
+        self.message = message
+        self.host = host
+        self.task = task
+        super().__init__(message)
+
+
+class InventoryError(TorchfleetError, ValueError):
     """Bad inventory input, found before any node is touched."""
 
-    def __init__(self, message: str, host: str | None = None, variable: str | None = None):
-        self.host = host
+    def __init__(self, message: str, host: str | None = None, variable: str | None = None,
+                 task: str | None = None):
         self.variable = variable
-        prefix = f"host {host}: " if host else ""
-        super().__init__(f"{prefix}{message}")
+        prefix = f"host {host}: " if host and not message.startswith(f"host {host}:") else ""
+        super().__init__(f"{prefix}{message}", host, task)
+
+
+class TaskFailed(TorchfleetError):
+    """A task failed on a host; ``failures`` lists every failure of the playbook run."""
+
+    def __init__(self, message: str, host: str | None = None, task: str | None = None,
+                 playbook: str | None = None, failures: list[Any] | None = None):
+        self.playbook = playbook
+        self.failures = failures or []
+        super().__init__(message, host, task)
+
+    def __str__(self) -> str:
+        where = f"host {self.host}, task '{self.task}'" if self.task else f"host {self.host}"
+        return f"{where}: {self.message}"
+
+
+class HostUnreachable(TaskFailed):
+    """Ansible could not reach a host."""
+
+
+class JobFailed(TaskFailed):
+    """The training job failed; ``run`` is its report and ``rank`` the rank that broke it."""
+
+    def __init__(self, message: str, run: Any, host: str | None = None, task: str | None = None,
+                 playbook: str | None = None, failures: list[Any] | None = None):
+        self.run = run
+        self.rank = run.failed_rank if run is not None else None
+        super().__init__(message, host, task, playbook, failures)

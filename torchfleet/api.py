@@ -1,0 +1,489 @@
+"""torchfleet from Python: plan, provision, launch, read logs and stop, on ansible-runner.
+
+    from torchfleet import Cluster, Job
+    cluster = Cluster("inventory/mycluster")
+    print(cluster.plan().table())
+    cluster.provision()
+    run = cluster.launch(Job(args=["--epoch", "3", "--no-cuda", "--save-model"]))
+    print(run.ok, [r.last_loss for r in run.ranks])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from torchfleet.errors import HostUnreachable, InventoryError, JobFailed, TaskFailed, TorchfleetError
+
+# Tasks whose failure means bad input rather than a broken node: argument specs, the
+# launch preflight and the CPU plan. Nothing has been changed when one of them fails.
+_INPUT_TASK_PATHS = re.compile(r"/roles/[^/]+/tasks/(validate|preflight|plan)\.yml:|/roles/cpu_pinning/")
+_INPUT_ACTIONS = {"validate_argument_spec", "ansible.builtin.validate_argument_spec", "torchfleet.cluster.rank_plan"}
+_VARIABLE = re.compile(
+    r"\b((?:torchfleet|launch|image|dataset|cpu_pinning|tls_pki|container_runtime|local_cluster|"
+    r"kubelet_cpu_manager)_[a-z0-9_]+|gloo_tls|sgx_devices|GLOO_TCP_IFACE)\b"
+)
+_HOST_PREFIX = re.compile(r"^host (\S+?):")
+
+
+def find_project(start: str | Path | None = None) -> Path:
+    """The folder holding site.yml and the roles: $TORCHFLEET_PROJECT, the current folder
+    or one above it, or the clone this package was installed from."""
+    if os.environ.get("TORCHFLEET_PROJECT"):
+        return Path(os.environ["TORCHFLEET_PROJECT"]).resolve()
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents, Path(__file__).resolve().parents[1]):
+        if (folder / "site.yml").is_file() and (folder / "roles" / "launch").is_dir():
+            return folder
+    raise TorchfleetError("cannot find torchfleet's playbooks (site.yml, roles/); run from a clone "
+                          "of torchfleet or set TORCHFLEET_PROJECT")
+
+
+# --- results -----------------------------------------------------------------------------
+
+
+@dataclass
+class Failure:
+    host: str
+    task: str
+    message: str
+    unreachable: bool = False
+    action: str = ""
+    task_path: str = ""
+    variable: str | None = None
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class PlaybookResult:
+    playbook: str
+    status: str
+    rc: int
+    duration_s: float
+    hosts: dict[str, HostResult] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful"
+
+    @property
+    def changed(self) -> int:
+        return sum(h.changed for h in self.hosts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(asdict(self), ok=self.ok, changed=self.changed)
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    host: str
+    address: str
+    interface: str
+    node_rank: int
+    local_rank: int
+    local_world_size: int
+    omp_num_threads: int
+    cpuset: str | None
+    cpuset_mems: str | None
+    image_present: bool
+    env: dict[str, str]
+
+
+@dataclass
+class Plan:
+    run_id: str
+    launch_mode: str
+    image: str
+    master_host: str
+    master_addr: str
+    master_port: int
+    world_size: int
+    num_nodes: int
+    ranks: list[RankPlan]
+
+    @property
+    def master(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(asdict(self), master=self.master)
+
+
+@dataclass
+class RankResult:
+    rank: int
+    host: str
+    exit_code: int | None
+    outcome: str
+    duration_s: float | None
+    last_loss: float | None
+    steps: int
+    log_path: str | None
+    cpuset: str | None = None
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: str
+    ok: bool
+    master: str
+    world_size: int
+    ranks: list[RankResult]
+    checksums_equal: bool
+    model: str | None
+    loss_plot: str | None
+    summary_path: str
+    failed_rank: int | None = None
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "RunResult":
+        run_dir = Path(run_dir)
+        path = run_dir / "summary.json"
+        if not path.is_file():
+            raise TorchfleetError(f"{run_dir} has no summary.json: the run did not get as far as a report")
+        data = json.loads(path.read_text())
+        plot = run_dir / "loss.png"
+        return cls(
+            run_id=data["run_id"],
+            run_dir=str(run_dir),
+            ok=data["ok"],
+            master=data["master"],
+            world_size=data["world_size"],
+            ranks=[
+                RankResult(rank=r["rank"], host=r["host"], exit_code=r["exit_code"], outcome=r["outcome"],
+                           duration_s=r["duration_s"], last_loss=r["last_loss"], steps=r.get("steps", 0),
+                           log_path=r["log"], cpuset=r.get("cpuset"))
+                for r in data["ranks"]
+            ],
+            checksums_equal=data["checksums_equal"],
+            model=data["model"],
+            loss_plot=str(plot) if plot.is_file() else None,
+            summary_path=str(path),
+            failed_rank=(data.get("failed_rank") or {}).get("rank"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Job:
+    """What to run. Unset fields keep the inventory's values (launch_* variables)."""
+
+    args: Sequence[str] | None = None
+    workload: str | Path | None = None
+    name: str | None = None
+    env: Mapping[str, str] | None = None
+    master_port: int | None = None
+    timeout: int | None = None
+    run_id: str | None = None
+    extra_vars: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_vars(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.args is not None:
+            out["launch_args"] = [str(a) for a in self.args]
+        if self.workload is not None:
+            out["launch_workload"] = str(Path(self.workload).resolve())
+        if self.name is not None:
+            out["launch_job"] = self.name
+        if self.env is not None:
+            out["launch_extra_env"] = {str(k): str(v) for k, v in self.env.items()}
+        if self.master_port is not None:
+            out["launch_master_port"] = int(self.master_port)
+        if self.timeout is not None:
+            out["launch_timeout"] = int(self.timeout)
+        out.update(self.extra_vars)
+        return out
+
+
+# --- running playbooks ----------------------------------------------------------------------
+
+
+EventHook = Callable[[Mapping[str, Any]], None]
+
+
+class _Collector:
+    """Keeps what the results need from ansible-runner's event stream."""
+
+    def __init__(self, hook: EventHook | None):
+        self.hook = hook
+        self.failures: list[Failure] = []
+        self.stats: dict[str, dict[str, int]] = {}
+        self.debug_vars: dict[str, Any] = {}
+
+    def __call__(self, event: Mapping[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            res = data.get("res") or {}
+            message = str(res.get("msg") or res.get("stderr") or res.get("reason") or "failed").strip()
+            host = res.get("host") if isinstance(res.get("host"), str) else None
+            match = _HOST_PREFIX.match(message)
+            variable = res.get("variable") if isinstance(res.get("variable"), str) else None
+            if not variable:
+                found = _VARIABLE.search(message)
+                variable = found.group(1) if found else None
+            self.failures.append(Failure(
+                host=host or (match.group(1) if match else data.get("host", "?")),
+                task=data.get("task", ""),
+                message=message,
+                unreachable=kind == "runner_on_unreachable",
+                action=data.get("task_action", ""),
+                task_path=data.get("task_path", ""),
+                variable=variable,
+            ))
+        elif kind == "runner_on_ok":
+            res = data.get("res") or {}
+            if data.get("task_action") in ("debug", "ansible.builtin.debug"):
+                for key, value in res.items():
+                    if not key.startswith("_") and key not in ("changed", "failed", "msg"):
+                        self.debug_vars[key] = value
+        elif kind == "playbook_on_stats":
+            self.stats = {k: data.get(k) or {} for k in ("ok", "changed", "failures", "dark", "skipped")}
+        if self.hook:
+            self.hook(event)
+        return False  # runner need not keep the event on disk
+
+
+class Cluster:
+    """An Ansible inventory of training nodes, driven through torchfleet's playbooks."""
+
+    def __init__(
+        self,
+        inventory: str | Path | Sequence[str | Path] | None = None,
+        *,
+        extra_vars: Mapping[str, Any] | None = None,
+        project_dir: str | Path | None = None,
+        runs_dir: str | Path | None = None,
+        progress: bool | EventHook = True,
+        env: Mapping[str, str] | None = None,
+    ):
+        self.project_dir = Path(project_dir).resolve() if project_dir else find_project()
+        if inventory is None:
+            inventory = self.project_dir / "inventory" / "local"
+        sources = [inventory] if isinstance(inventory, (str, Path)) else list(inventory)
+        self.inventory = [Path(s).resolve() for s in sources]
+        for source in self.inventory:
+            if not source.exists():
+                raise InventoryError(f"inventory {source} does not exist", variable="inventory")
+        self.extra_vars = dict(extra_vars or {})
+        runs_dir = runs_dir or os.environ.get("TORCHFLEET_RUNS_DIR") or self.project_dir / "runs"
+        self.runs_dir = Path(runs_dir).resolve()
+        self.env = dict(env or {})
+        if progress is True:
+            from torchfleet.progress import RichProgress
+
+            self._hook_factory: Callable[[str], EventHook | None] = lambda title: RichProgress(title)
+        elif callable(progress):
+            self._hook_factory = lambda title: progress
+        else:
+            self._hook_factory = lambda title: None
+
+    # -- public API --
+
+    def plan(self, job: Job | None = None) -> Plan:
+        """The rank table and each rank's environment. Changes nothing on any node."""
+        result, collected = self._run("playbooks/plan.yml", "plan", job.to_vars() if job else {})
+        self._raise_for(result, "plan")
+        view = collected.debug_vars.get("launch_plan_view")
+        if not view:
+            raise TorchfleetError("the plan playbook returned no plan")
+        ranks = [RankPlan(**{k: r.get(k) for k in RankPlan.__dataclass_fields__}) for r in view["ranks"]]
+        return Plan(
+            run_id=view["run_id"], launch_mode=view["launch_mode"], image=view["image"],
+            master_host=view["master_host"], master_addr=view["master_addr"],
+            master_port=int(view["master_port"]), world_size=int(view["world_size"]),
+            num_nodes=int(view["num_nodes"]), ranks=ranks,
+        )
+
+    def provision(self, **extra_vars: Any) -> PlaybookResult:
+        """Run site.yml: container runtime, image, dataset (and TLS when asked)."""
+        result, _ = self._run("site.yml", "provision", extra_vars)
+        self._raise_for(result, "provision")
+        return result
+
+    def launch(self, job: Job | None = None) -> RunResult:
+        """Run one job; returns its report or raises JobFailed carrying it."""
+        job = job or Job()
+        run_id = job.run_id or (datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2))
+        variables = dict(job.to_vars(), launch_run_id=run_id)
+        result, _ = self._run("playbooks/launch.yml", f"launch {run_id}", variables)
+        run_dir = self.runs_dir / run_id
+        run = RunResult.load(run_dir) if (run_dir / "summary.json").is_file() else None
+        if run is not None and not run.ok:
+            culprit = next((f for f in result.failures if f.action.endswith("job_report")), None)
+            failure = culprit or (result.failures[0] if result.failures else None)
+            raise JobFailed(
+                failure.message if failure else f"run {run_id} failed",
+                run,
+                host=next((r.host for r in run.ranks if r.rank == run.failed_rank), failure and failure.host),
+                task=failure.task if failure else None,
+                playbook=result.playbook,
+                failures=result.failures,
+            )
+        self._raise_for(result, "launch")
+        if run is None:
+            raise TorchfleetError(f"run {run_id} finished without a summary in {run_dir}")
+        return run
+
+    def report(self, run_id: str | None = None) -> RunResult:
+        """The report of a past run (the latest when no id is given)."""
+        return RunResult.load(self._run_dir(run_id))
+
+    def logs(self, run_id: str | None = None, rank: int | None = None) -> dict[int, str]:
+        """Each rank's log of a run (the latest when no id is given), by rank."""
+        run = self.report(run_id)
+        logs = {r.rank: r.log() for r in run.ranks if rank is None or r.rank == rank}
+        if rank is not None and not logs:
+            raise TorchfleetError(f"run {run.run_id} has no rank {rank} (world size {run.world_size})")
+        return logs
+
+    def runs(self) -> list[str]:
+        """Run ids with a report, oldest first."""
+        if not self.runs_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.runs_dir.iterdir() if (p / "summary.json").is_file())
+
+    def down(self) -> PlaybookResult:
+        """Stop and remove every rank torchfleet started on the nodes."""
+        result, _ = self._run("playbooks/down.yml", "down", {})
+        self._raise_for(result, "down")
+        return result
+
+    # -- plumbing --
+
+    def _run_dir(self, run_id: str | None) -> Path:
+        if run_id:
+            return self.runs_dir / run_id
+        runs = self.runs()
+        if not runs:
+            raise TorchfleetError(f"no runs in {self.runs_dir} yet")
+        return self.runs_dir / runs[-1]
+
+    def _run(self, playbook: str, title: str, variables: Mapping[str, Any]) -> tuple[PlaybookResult, _Collector]:
+        import ansible_runner
+
+        collector = _Collector(self._hook_factory(title))
+        env = {
+            # The venv's ansible-playbook, whatever PATH the caller has.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
+            "TORCHFLEET_RUNS_DIR": str(self.runs_dir),
+            **{k: v for k, v in os.environ.items() if k.startswith("TORCHFLEET_")},
+            **self.env,
+        }
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="torchfleet-runner-") as private:
+            runner = ansible_runner.run(
+                private_data_dir=private,
+                project_dir=str(self.project_dir),
+                playbook=str(self.project_dir / playbook),
+                inventory=[str(p) for p in self.inventory],
+                extravars={**self.extra_vars, **variables},
+                envvars=env,
+                event_handler=collector,
+                quiet=True,
+                suppress_env_files=True,
+            )
+            status, rc = runner.status, runner.rc
+        hosts = {}
+        for key, attr in (("ok", "ok"), ("changed", "changed"), ("failures", "failed"),
+                          ("dark", "unreachable"), ("skipped", "skipped")):
+            for host, count in collector.stats.get(key, {}).items():
+                setattr(hosts.setdefault(host, HostResult(host)), attr, count)
+        result = PlaybookResult(playbook=playbook, status=status, rc=rc, duration_s=round(time.monotonic() - started, 1),
+                                hosts=dict(sorted(hosts.items())), failures=collector.failures)
+        if collector.hook is not None and hasattr(collector.hook, "close"):
+            collector.hook.close(result)
+        return result, collector
+
+    @staticmethod
+    def _raise_for(result: PlaybookResult, what: str) -> None:
+        if result.ok:
+            return
+        if not result.failures:
+            raise TaskFailed(f"{what} ended with status {result.status} (rc={result.rc}) and no failed task",
+                             playbook=result.playbook)
+        first = result.failures[0]
+        if first.unreachable:
+            raise HostUnreachable(first.message, first.host, first.task, result.playbook, result.failures)
+        if first.action in _INPUT_ACTIONS or _INPUT_TASK_PATHS.search(first.task_path + ":"):
+            raise InventoryError(first.message, first.host, first.variable, first.task)
+        raise TaskFailed(first.message, first.host, first.task, result.playbook, result.failures)
+
+
+# --- the local docker-host cluster ----------------------------------------------------------
+
+
+def local_up(nodes: int = 3, *, name: str = "torchfleet", subnet: str | None = None,
+             inventory_dir: str | Path | None = None, project_dir: str | Path | None = None,
+             progress: bool | EventHook = True, **cluster_kwargs: Any) -> tuple[Cluster, PlaybookResult]:
+    """Create (or keep) N docker hosts on this machine; returns a Cluster on them."""
+    project = Path(project_dir).resolve() if project_dir else find_project()
+    inventory = _local_inventory(project, inventory_dir)
+    variables: dict[str, Any] = {"local_cluster_nodes": int(nodes), "local_cluster_name": name,
+                                 "local_cluster_inventory": str(inventory / "hosts.yml")}
+    if subnet:
+        variables["local_cluster_subnet"] = subnet
+    controller = Cluster(project / "inventory" / "local", project_dir=project, progress=progress,
+                         extra_vars=variables, env=cluster_kwargs.pop("env", None))
+    result, _ = controller._run("playbooks/local_cluster.yml", f"local up ({nodes} nodes)", {})
+    controller._raise_for(result, "local up")
+    return Cluster(inventory, project_dir=project, progress=progress, env=controller.env, **cluster_kwargs), result
+
+
+def local_down(*, name: str = "torchfleet", inventory_dir: str | Path | None = None,
+               project_dir: str | Path | None = None, progress: bool | EventHook = True,
+               env: Mapping[str, str] | None = None) -> PlaybookResult:
+    """Remove the local docker hosts and their network."""
+    project = Path(project_dir).resolve() if project_dir else find_project()
+    inventory = _local_inventory(project, inventory_dir)
+    controller = Cluster(project / "inventory" / "local", project_dir=project, progress=progress, env=env, extra_vars={
+        "local_cluster_state": "absent", "local_cluster_name": name,
+        "local_cluster_inventory": str(inventory / "hosts.yml")})
+    result, _ = controller._run("playbooks/local_cluster.yml", "local down", {})
+    controller._raise_for(result, "local down")
+    return result
+
+
+def _local_inventory(project: Path, inventory_dir: str | Path | None) -> Path:
+    """The local cluster's inventory folder; another than the default shares its group_vars."""
+    if inventory_dir is None:
+        return project / "inventory" / "local"
+    folder = Path(inventory_dir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "group_vars"
+    if not link.exists():
+        link.symlink_to(project / "inventory" / "local" / "group_vars")
+    return folder
+
+
+__all__: Iterable[str] = [
+    "Cluster", "Job", "Plan", "RankPlan", "RunResult", "RankResult", "PlaybookResult", "HostResult",
+    "Failure", "find_project", "local_up", "local_down",
+]
