@@ -38,3 +38,18 @@ def gloo_interface(host: str, master_addr: str, ip_addr: Any, ip_route: Any) -> 
             "torchfleet_cluster_address",
         )
     return dev
+
+
+def address_network(host: str, address: str, ip_addr: Any) -> str:
+    """The network (CIDR) that ``address`` sits in on this node, from ``ip -j addr show``.
+
+    Open MPI's out-of-band channel wants it (oob_tcp_if_include): left alone, it may pick
+    docker0, whose 172.17.0.1 every node shares.
+    """
+    import ipaddress
+
+    for link in _load(ip_addr) or []:
+        for info in link.get("addr_info", []):
+            if info.get("local") == address:
+                return str(ipaddress.ip_interface(f"{address}/{info['prefixlen']}").network)
+    raise InventoryError(f"has no interface holding {address}", host, "torchfleet_cluster_address")

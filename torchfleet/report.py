@@ -58,6 +58,48 @@ def parse_steps(log: str) -> list[dict[str, Any]]:
     return steps
 
 
+# mpirun --tag-output: "[jobid,rank]<stdout>:text". Open MPI sometimes glues a chunk's
+# tag to the end of the previous line, so tags are found anywhere in a line.
+MPI_TAG_RE = re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:")
+MPI_EXIT_RE = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]\s*Exit code:\s*(?P<code>\d+)")
+MPI_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node \S+ exited on signal (?P<sig>\d+)")
+
+
+def split_mpirun_log(log: str, world_size: int) -> dict[int, str]:
+    """Each rank's lines of mpirun's tagged output; mpirun's own lines stay out."""
+    ranks: dict[int, list[str]] = {r: [] for r in range(world_size)}
+    for line in log.splitlines():
+        tags = list(MPI_TAG_RE.finditer(line))
+        for i, tag in enumerate(tags):
+            text = line[tag.end():tags[i + 1].start() if i + 1 < len(tags) else len(line)]
+            rank = int(tag["rank"])
+            if rank in ranks and (text or len(tags) == 1):
+                ranks[rank].append(text)
+    return {r: "\n".join(lines) + ("\n" if lines else "") for r, lines in ranks.items()}
+
+
+def mpirun_finals(launcher: Mapping[str, Any], log: str, world_size: int) -> list[dict[str, Any]]:
+    """Per-rank final states from mpirun's own: its exit, and the rank it names as the first
+    to fail. mpirun stops the other ranks itself, so they count as stopped."""
+    failed: dict[str, int] | None = None
+    if match := MPI_EXIT_RE.search(log):
+        failed = {"rank": int(match["rank"]), "code": int(match["code"])}
+    elif match := MPI_SIGNAL_RE.search(log):
+        failed = {"rank": int(match["rank"]), "code": 128 + int(match["sig"])}
+    finals = []
+    for rank in range(world_size):
+        final = {key: launcher.get(key) for key in ("started_at", "finished_at")}
+        if launcher.get("exit_code") == 0:
+            final.update(exit_code=0, stopped_by_torchfleet=False)
+        elif failed and failed["rank"] == rank:
+            final.update(exit_code=failed["code"], stopped_by_torchfleet=False)
+        else:
+            # Stopped by mpirun when another rank failed; they have no exit code of their own.
+            final.update(exit_code=None, stopped_by_torchfleet=True)
+        finals.append(dict(final, rank=rank))
+    return finals
+
+
 def tail(log: str, lines: int = 15) -> str:
     return "\n".join(log.rstrip().splitlines()[-lines:])
 

@@ -32,3 +32,12 @@ def test_loopback_route_to_a_foreign_address_fails_naming_the_host():
 def test_no_route():
     with pytest.raises(InventoryError, match="host node-3: has no route to MASTER_ADDR 10.9.9.9"):
         gloo_interface("node-3", "10.9.9.9", ADDR, [])
+
+
+def test_address_network_gives_the_cidr_of_the_master_address():
+    from torchfleet.netif import address_network
+
+    assert address_network("node-1", "172.29.0.2", ADDR) == "172.29.0.0/24"
+    assert address_network("node-1", "172.17.0.1", ADDR) == "172.17.0.0/16"
+    with pytest.raises(InventoryError, match="no interface holding 10.9.9.9"):
+        address_network("node-1", "10.9.9.9", ADDR)

@@ -86,3 +86,31 @@ def test_workers_never_started_are_not_blamed_when_the_master_never_listened(tmp
     msg = failure_message(s, "10.0.0.1:29500 did not listen within 120s (launch_master_wait_timeout)")
     assert msg.startswith("run run3 was stopped: 10.0.0.1:29500 did not listen within 120s")
     assert msg.endswith("--- last lines of rank 0 on node-1 ---\nwaiting in init_process_group")
+
+
+MPIRUN_LOG = """[1,0]<stdout>:rank 0 up
+[1,1]<stdout>:rank 1 up[1,1]<stdout>:
+[1,2]<stdout>:rank 2 up
+[1,1]<stdout>:rank 1: simulated crash
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[39043,1],1]
+  Exit code:    3
+--------------------------------------------------------------------------
+"""
+
+
+def test_mpirun_output_splits_into_rank_logs_and_names_the_failed_rank():
+    from torchfleet.report import mpirun_finals, split_mpirun_log
+
+    logs = split_mpirun_log(MPIRUN_LOG, 3)
+    assert logs == {0: "rank 0 up\n", 1: "rank 1 up\nrank 1: simulated crash\n", 2: "rank 2 up\n"}
+    launcher = {"exit_code": 3, "started_at": "2026-11-22T06:37:10Z", "finished_at": "2026-11-22T06:37:16Z"}
+    finals = mpirun_finals(launcher, MPIRUN_LOG, 3)
+    assert [(f["rank"], f["exit_code"], f["stopped_by_torchfleet"]) for f in finals] == [
+        (0, None, True), (1, 3, False), (2, None, True)]
+    signalled = "mpirun noticed that process rank 2 with PID 77 on node node-3 exited on signal 9 (Killed)."
+    assert mpirun_finals(launcher, signalled, 3)[2]["exit_code"] == 137
+    assert all(f["exit_code"] == 0 for f in mpirun_finals(dict(launcher, exit_code=0), "", 3))

@@ -35,6 +35,9 @@ options:
   reason:
     description: Why the run was stopped, when no rank is to blame (a time-out).
     type: str
+  mpirun_log:
+    description: mpirun's tagged output on the controller (mpirun mode); split into rank logs.
+    type: path
   master_listened:
     description: Whether MASTER_PORT opened; when not, the other ranks were never started.
     type: bool
@@ -49,7 +52,10 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = self._task.args
-        summary = report.summarize(args["run_id"], args["plan"], args["finals"], args["run_dir"],
+        finals, reason = args["finals"], args.get("reason")
+        if args.get("mpirun_log"):
+            finals, reason = self._split_mpirun(args, finals, reason)
+        summary = report.summarize(args["run_id"], args["plan"], finals, args["run_dir"],
                                    bool(args.get("master_listened", True)))
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
@@ -58,9 +64,22 @@ class ActionModule(ActionBase):
         shutil.rmtree(Path(args["run_dir"]) / ".abort", ignore_errors=True)
         if not summary["ok"]:
             # Keep the failure short: the message, and where the rest is.
-            result.update(failed=True, msg=report.failure_message(summary, args.get("reason")),
+            result.update(failed=True, msg=report.failure_message(summary, reason),
                           failed_rank=summary["failed_rank"]["rank"] if summary["failed_rank"] else None,
                           summary_file=str(path))
             return result
         result.update(changed=False, summary=summary, table=table, summary_file=str(path), plot=plot)
         return result
+
+    @staticmethod
+    def _split_mpirun(args, finals, reason):
+        """mpirun mode: rank logs and states come from mpirun's tagged output and exit."""
+        path = Path(args["mpirun_log"])
+        log = path.read_text(errors="replace") if path.is_file() else ""
+        world_size = int(args["plan"]["world_size"])
+        for rank, text in report.split_mpirun_log(log, world_size).items():
+            (Path(args["run_dir"]) / f"rank-{rank}.log").write_text(text)
+        launcher = next((f for f in finals if f.get("role") == "mpirun"), {})
+        if reason and log:
+            reason = f"{reason}\n--- last lines of mpirun ---\n{report.tail(log)}"
+        return report.mpirun_finals(launcher, log, world_size), reason

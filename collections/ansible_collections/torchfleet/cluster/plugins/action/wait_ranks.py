@@ -81,7 +81,7 @@ class ActionModule(ActionBase):
             failed = [c for c in containers if c["exit_code"] not in (None, 0)]
             reason = None
             if failed:
-                reason = "rank {} exited with code {}".format(failed[0]["rank"], failed[0]["exit_code"])
+                reason = "{} exited with code {}".format(_who(failed[0]), failed[0]["exit_code"])
             elif len(containers) < expected:
                 reason = f"{expected - len(containers)} rank container(s) vanished"
             elif timeout and time.monotonic() - started > timeout:
@@ -109,7 +109,7 @@ class ActionModule(ActionBase):
             if time.monotonic() - last_progress >= progress_every:
                 last_progress = time.monotonic()
                 for c in containers:
-                    display.display(f"  [{host}] rank {c['rank']} ({c['status']}): {c.get('last_line', '')[-110:]}")
+                    display.display(f"  [{host}] {_who(c)} ({c['status']}): {c.get('last_line', '')[-110:]}")
             time.sleep(poll)
 
         result.update(
@@ -128,3 +128,9 @@ class ActionModule(ActionBase):
             task_vars=task_vars,
         )
         return not probe.get("failed")
+
+
+def _who(container):
+    """rank N, or mpirun / sshd in the mpirun mode."""
+    role = container.get("role", "rank")
+    return f"rank {container['rank']}" if role == "rank" else role

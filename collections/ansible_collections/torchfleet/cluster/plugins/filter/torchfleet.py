@@ -36,6 +36,11 @@ def gloo_interface(master_addr, ip_addr, ip_route, host):
     return netif.gloo_interface(host, master_addr, ip_addr, ip_route)
 
 
+def address_network(address, ip_addr, host):
+    """The CIDR of the node's network that holds ``address`` (``ip -j addr`` output as input)."""
+    return netif.address_network(host, address, ip_addr)
+
+
 def rank_env(row, table, interface, omp_threads, extra=None):
     """The environment of one rank, all values strings."""
     return ranks.rank_env(row, table, interface, omp_threads, extra)
@@ -62,6 +67,7 @@ class FilterModule:
         return {
             "cluster_address": _wrap(cluster_address),
             "gloo_interface": _wrap(gloo_interface),
+            "address_network": _wrap(address_network),
             "rank_env": _wrap(rank_env),
             "cpu_plan": _wrap(cpu_plan),
         }

@@ -100,6 +100,8 @@ def find(module):
                 "id": item["Id"],
                 "name": item["Name"].lstrip("/"),
                 "rank": int(labels.get("torchfleet.rank", -1)),
+                # mpirun mode: the launcher's mpirun and the workers' sshd are not ranks.
+                "role": labels.get("torchfleet.role", "rank"),
                 "status": state["Status"],
                 "running": state["Running"],
                 "exit_code": None if state["Running"] else state["ExitCode"],
@@ -147,7 +149,8 @@ def main():
         c["stopped_by_torchfleet"] = c["name"] in running
         if module.params["log_dir"]:
             os.makedirs(module.params["log_dir"], exist_ok=True)
-            path = os.path.join(module.params["log_dir"], f"rank-{c['rank']}.log")
+            stem = f"rank-{c['rank']}" if c["role"] == "rank" else c["role"]
+            path = os.path.join(module.params["log_dir"], f"{stem}.log")
             with open(path, "w") as fh:
                 fh.write(merged_log(module, c["name"]))
             c["log"] = path
