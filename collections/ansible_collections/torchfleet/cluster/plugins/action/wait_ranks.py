@@ -1,4 +1,4 @@
-"""Wait for a node's rank containers; stop everything as soon as any rank anywhere fails.
+"""Wait for a node's ranks; stop everything as soon as any rank anywhere fails.
 
 Ansible runs one copy of this per node, in parallel. They share an abort folder on the
 controller: the first copy that sees a rank exit non-zero (or vanish, or time out)
@@ -20,9 +20,11 @@ module: wait_ranks
 short_description: Wait for the rank containers of a run, failing fast across nodes
 options:
   labels:
-    description: Labels that select this run's containers.
+    description: Labels that select this run's containers (rank_containers).
     type: dict
-    required: true
+  run_dir:
+    description: The run's folder on the node, for bare-process ranks (rank_processes).
+    type: path
   expected:
     description: How many rank containers this node should have.
     type: int
@@ -70,9 +72,11 @@ class ActionModule(ActionBase):
         last_progress = started
 
         while True:
+            # Containers or bare processes: both modules report ranks in one shape.
             status = self._execute_module(
-                module_name="torchfleet.cluster.rank_containers",
-                module_args={"labels": args["labels"], "state": "status"},
+                module_name="torchfleet.cluster.rank_processes" if args.get("run_dir")
+                else "torchfleet.cluster.rank_containers",
+                module_args={"run_dir": args["run_dir"]} if args.get("run_dir") else {"labels": args["labels"]},
                 task_vars=task_vars,
             )
             if status.get("failed"):

@@ -82,6 +82,9 @@ def merged_log(module, name, tail=None):
 
 
 def find(module):
+    # A bare-metal node without docker has no rank containers.
+    if not module.get_bin_path(module.params["docker_cli"]):
+        return []
     filters = []
     for key, value in sorted(module.params["labels"].items()):
         # An empty value matches any container that has the label at all.

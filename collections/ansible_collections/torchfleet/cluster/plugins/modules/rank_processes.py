@@ -1,0 +1,217 @@
+#!/usr/bin/python
+"""Start, watch and stop ranks that run as bare processes on a node (no containers)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime, timezone
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: rank_processes
+short_description: Bare-process ranks, supervised by systemd or by pid files
+description:
+  - With I(state=started) it starts one process per entry of I(ranks). Where systemd runs,
+    each is a transient unit (systemd-run); elsewhere a background process in its own
+    session, tracked by a pid file, whose exit code a wrapper writes when it ends.
+    Output goes to C(<run_dir>/<name>.log).
+  - With I(state=status) it reports each one's state, exit code and last log line, in the
+    shape rank_containers uses, so wait_ranks and job_report treat both alike.
+  - With I(state=absent) it kills what still runs (the whole process group or unit).
+options:
+  run_dir:
+    description: The run's folder on the node; with I(state=absent), every run under it when I(recurse).
+    type: path
+    required: true
+  state:
+    description: What to do.
+    type: str
+    choices: [started, status, absent]
+    default: status
+  ranks:
+    description: For I(state=started), one entry per process with rank, name, role, argv, env, cwd and cpuset.
+    type: list
+    elements: dict
+    default: []
+  recurse:
+    description: With I(state=absent), stop the processes of every run below I(run_dir).
+    type: bool
+    default: false
+  tail_lines:
+    description: How many log lines to return for a process that exited non-zero.
+    type: int
+    default: 15
+"""
+
+RETURN = r"""
+containers:
+  description: One entry per process, ordered by rank (named like rank_containers' result).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+
+def _iso(ts):
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _systemd():
+    return os.path.isdir("/run/systemd/system")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; only its parent has not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _tail(path, lines):
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(fh.readlines()[-lines:]).rstrip("\n")
+    except OSError:
+        return ""
+
+
+# The supervising shell sends the rank's output to its log and records its exit code,
+# also when a signal kills the rank (128 + signal, as a shell reports it).
+WRAPPER = 'exec >>"$0" 2>&1; "$@"; code=$?; echo $code > "$TF_EXIT.tmp" && mv "$TF_EXIT.tmp" "$TF_EXIT"'
+
+
+def start(module, run_dir, entry):
+    base = os.path.join(run_dir, entry["name"])
+    argv = [str(a) for a in entry["argv"]]
+    if entry.get("cpuset"):
+        argv = ["taskset", "--cpu-list", str(entry["cpuset"])] + argv
+    env = {k: str(v) for k, v in (entry.get("env") or {}).items()}
+    env["TF_EXIT"] = base + ".exit"
+    cwd = entry.get("cwd") or run_dir
+    with open(base + ".meta", "w") as fh:
+        fh.write(f"{entry['rank']} {entry.get('role', 'rank')}\n")
+    shell = ["sh", "-c", WRAPPER, base + ".log"] + argv
+    if _systemd():
+        # A transient unit: systemd supervises it, and stopping it kills its whole cgroup.
+        unit = f"torchfleet-{os.path.basename(run_dir)}-{entry['name']}"
+        cmd = ["systemd-run", "--unit", unit, "--collect", "--quiet", "--working-directory", cwd]
+        module.run_command(cmd + [f"--setenv={k}={v}" for k, v in env.items()] + ["--"] + shell, check_rc=True)
+        with open(base + ".unit", "w") as fh:
+            fh.write(unit + "\n")
+        return
+    # Without systemd: its own session, so nothing ties it to Ansible's connection, and
+    # the shell leads a process group that stop() kills whole.
+    proc = subprocess.Popen(shell, cwd=cwd, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(base + ".pid", "w") as fh:
+        fh.write(f"{proc.pid}\n")
+
+
+def _running(module, entry):
+    if "unit" in entry:
+        rc, _, _ = module.run_command(["systemctl", "is-active", "--quiet", entry["unit"]])
+        return rc == 0
+    return _alive(entry["pid"])
+
+
+def find(module, run_dir, recurse=False):
+    pattern = os.path.join(run_dir, "**", "*.meta") if recurse else os.path.join(run_dir, "*.meta")
+    found = []
+    for meta in sorted(glob.glob(pattern, recursive=recurse)):
+        base = meta[: -len(".meta")]
+        with open(meta) as fh:
+            rank, role = fh.read().split()
+        entry = {"name": os.path.basename(base), "base": base, "rank": int(rank), "role": role,
+                 "log": base + ".log", "stopped_by_torchfleet": os.path.exists(base + ".stopped")}
+        for key, suffix, cast in (("unit", ".unit", str), ("pid", ".pid", int)):
+            if os.path.exists(base + suffix):
+                with open(base + suffix) as fh:
+                    entry[key] = cast(fh.read().strip())
+        exit_file = base + ".exit"
+        if os.path.exists(exit_file):
+            with open(exit_file) as fh:
+                entry.update(running=False, exit_code=int(fh.read().strip()), vanished=False)
+        else:
+            running = _running(module, entry)
+            # Gone without an exit code: its supervising shell was killed.
+            entry.update(running=running, exit_code=None, vanished=not running)
+        entry["status"] = "running" if entry["running"] else ("vanished" if entry["vanished"] else "exited")
+        entry["started_at"] = _iso(os.path.getmtime(meta))
+        entry["finished_at"] = None if entry["running"] else _iso(
+            os.path.getmtime(exit_file) if os.path.exists(exit_file) else time.time())
+        found.append(entry)
+    return sorted(found, key=lambda e: (e["rank"], e["name"]))
+
+
+def stop(module, entry):
+    open(entry["base"] + ".stopped", "w").close()
+    if "unit" in entry:
+        module.run_command(["systemctl", "kill", "--signal", "SIGKILL", entry["unit"]])
+        return
+    try:
+        os.killpg(entry["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "run_dir": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["started", "status", "absent"], "default": "status"},
+            "ranks": {"type": "list", "elements": "dict", "default": []},
+            "recurse": {"type": "bool", "default": False},
+            "tail_lines": {"type": "int", "default": 15},
+        },
+        supports_check_mode=False,
+    )
+    run_dir, state = module.params["run_dir"], module.params["state"]
+    if state == "started":
+        os.makedirs(run_dir, exist_ok=True)
+        for entry in module.params["ranks"]:
+            start(module, run_dir, entry)
+        module.exit_json(changed=True, containers=find(module, run_dir))
+
+    if not os.path.isdir(run_dir):
+        module.exit_json(changed=False, containers=[])
+    entries = find(module, run_dir, module.params["recurse"] and state == "absent")
+    if state == "status":
+        # A vanished rank is left out, so the watcher sees fewer than it expects.
+        entries = [e for e in entries if not e["vanished"]]
+        for e in entries:
+            recent = _tail(e["log"], module.params["tail_lines"])
+            e["last_line"] = recent.splitlines()[-1] if recent else ""
+            if e["exit_code"] not in (None, 0):
+                e["log_tail"] = recent
+        module.exit_json(changed=False, containers=entries)
+
+    running = [e for e in entries if e["running"]]
+    for e in running:
+        stop(module, e)
+    deadline = time.monotonic() + 10
+    while any(find_one["running"] for find_one in find(module, run_dir, module.params["recurse"])):
+        if time.monotonic() > deadline:
+            module.fail_json(msg=f"processes under {run_dir} survived SIGKILL")
+        time.sleep(0.2)
+    finals = find(module, run_dir, module.params["recurse"])
+    for e in finals:
+        if e["exit_code"] is None and e["stopped_by_torchfleet"]:
+            e["exit_code"] = 128 + signal.SIGKILL
+    module.exit_json(changed=bool(running), containers=finals)
+
+
+if __name__ == "__main__":
+    main()
