@@ -100,6 +100,45 @@ def mpirun_finals(launcher: Mapping[str, Any], log: str, world_size: int) -> lis
     return finals
 
 
+# torchrun --tee 3: "[default0]:text", the role name and the local rank.
+TORCHRUN_TAG_RE = re.compile(r"^\[[A-Za-z_]+?(?P<local>\d+)\]:(?P<text>.*)$")
+# torchrun's failure report: "rank : 3 (local_rank: 1)" then "exitcode : -9 (pid: 123)".
+TORCHRUN_FAIL_RE = re.compile(r"local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)")
+
+
+def split_torchrun_log(log: str, local_ranks: int) -> dict[int, str]:
+    """Each local rank's lines of one node's torchrun output."""
+    ranks: dict[int, list[str]] = {r: [] for r in range(local_ranks)}
+    for line in log.splitlines():
+        match = TORCHRUN_TAG_RE.match(line)
+        if match and int(match["local"]) in ranks:
+            ranks[int(match["local"])].append(match["text"])
+    return {r: "\n".join(lines) + ("\n" if lines else "") for r, lines in ranks.items()}
+
+
+def torchrun_finals(node: Mapping[str, Any], log: str, ranks: list[int]) -> list[dict[str, Any]]:
+    """Per-rank final states of one node from its torchrun's exit and failure report.
+
+    ``ranks`` are the node's global ranks by local rank. A signal shows as a negative
+    exit code in torchrun's report; it becomes 128 + signal, as a shell reports it.
+    """
+    failed = {}
+    for match in TORCHRUN_FAIL_RE.finditer(log):
+        code = int(match["code"])
+        failed.setdefault(int(match["local"]), 128 - code if code < 0 else code)
+    finals = []
+    for local, rank in enumerate(ranks):
+        final = {"rank": rank, "started_at": node.get("started_at"), "finished_at": node.get("finished_at")}
+        if node.get("exit_code") == 0:
+            final.update(exit_code=0, stopped_by_torchfleet=False)
+        elif local in failed and not node.get("stopped_by_torchfleet"):
+            final.update(exit_code=failed[local], stopped_by_torchfleet=False)
+        else:
+            final.update(exit_code=None, stopped_by_torchfleet=bool(node))
+        finals.append(final)
+    return finals
+
+
 def tail(log: str, lines: int = 15) -> str:
     return "\n".join(log.rstrip().splitlines()[-lines:])
 

@@ -114,3 +114,30 @@ def test_mpirun_output_splits_into_rank_logs_and_names_the_failed_rank():
     signalled = "mpirun noticed that process rank 2 with PID 77 on node node-3 exited on signal 9 (Killed)."
     assert mpirun_finals(launcher, signalled, 3)[2]["exit_code"] == 137
     assert all(f["exit_code"] == 0 for f in mpirun_finals(dict(launcher, exit_code=0), "", 3))
+
+
+TORCHRUN_LOG = """W1122 06:49:44 torch/distributed/run.py:865] node_rank is only used for static rdzv_backend.
+[default0]:2026-11-22T06:50:00.000Z INFO     [rank 2] Joined
+[default1]:2026-11-22T06:50:00.100Z INFO     [rank 3] Joined
+[default1]:rank 3: simulated crash
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_06:50:02
+  host      : node-2
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 77)
+"""
+
+
+def test_torchrun_output_splits_by_local_rank_and_names_the_failed_one():
+    from torchfleet.report import split_torchrun_log, torchrun_finals
+
+    logs = split_torchrun_log(TORCHRUN_LOG, 2)
+    assert logs[0] == "2026-11-22T06:50:00.000Z INFO     [rank 2] Joined\n"
+    assert logs[1].splitlines() == ["2026-11-22T06:50:00.100Z INFO     [rank 3] Joined", "rank 3: simulated crash"]
+    node = {"exit_code": 1, "started_at": "a", "finished_at": "b", "stopped_by_torchfleet": False}
+    finals = torchrun_finals(node, TORCHRUN_LOG, [2, 3])
+    assert [(f["rank"], f["exit_code"], f["stopped_by_torchfleet"]) for f in finals] == [(2, None, True), (3, 137, False)]
+    stopped = torchrun_finals(dict(node, exit_code=137, stopped_by_torchfleet=True), "", [0, 1])
+    assert [(f["exit_code"], f["stopped_by_torchfleet"]) for f in stopped] == [(None, True), (None, True)]

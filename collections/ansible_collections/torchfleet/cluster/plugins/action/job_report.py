@@ -38,6 +38,10 @@ options:
   mpirun_log:
     description: mpirun's tagged output on the controller (mpirun mode); split into rank logs.
     type: path
+  torchrun:
+    description: torchrun mode; each node's torchrun-<host>.log is split into rank logs.
+    type: bool
+    default: false
   master_listened:
     description: Whether MASTER_PORT opened; when not, the other ranks were never started.
     type: bool
@@ -55,6 +59,8 @@ class ActionModule(ActionBase):
         finals, reason = args["finals"], args.get("reason")
         if args.get("mpirun_log"):
             finals, reason = self._split_mpirun(args, finals, reason)
+        elif args.get("torchrun"):
+            finals = self._split_torchrun(args, finals)
         summary = report.summarize(args["run_id"], args["plan"], finals, args["run_dir"],
                                    bool(args.get("master_listened", True)))
         path = report.write_summary(summary, args["run_dir"])
@@ -83,3 +89,19 @@ class ActionModule(ActionBase):
         if reason and log:
             reason = f"{reason}\n--- last lines of mpirun ---\n{report.tail(log)}"
         return report.mpirun_finals(launcher, log, world_size), reason
+
+    @staticmethod
+    def _split_torchrun(args, finals):
+        """torchrun mode: each node's torchrun output holds its ranks' lines and failures."""
+        run_dir = Path(args["run_dir"])
+        by_first_rank = {int(f["rank"]): f for f in finals if f.get("role") == "torchrun"}
+        per_rank = []
+        hosts = dict.fromkeys(r["host"] for r in args["plan"]["ranks"])
+        for host in hosts:
+            ranks = [r["rank"] for r in sorted(args["plan"]["ranks"], key=lambda r: r["rank"]) if r["host"] == host]
+            path = run_dir / f"torchrun-{host}.log"
+            log = path.read_text(errors="replace") if path.is_file() else ""
+            for local, text in report.split_torchrun_log(log, len(ranks)).items():
+                (run_dir / f"rank-{ranks[local]}.log").write_text(text)
+            per_rank += report.torchrun_finals(by_first_rank.get(ranks[0], {}), log, ranks)
+        return per_rank
