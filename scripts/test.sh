@@ -13,7 +13,7 @@ yamllint --strict .
 step "ansible-lint (production profile)"
 ansible-lint
 step "molecule scenarios (each builds its own docker hosts)"
-for scenario in default image-pull tls mpirun; do
+for scenario in default image-pull tls mpirun bare-metal; do
   molecule test --scenario-name "$scenario"
 done
 step "pytest"
