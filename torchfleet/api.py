@@ -105,7 +105,7 @@ class RankPlan:
     omp_num_threads: int
     cpuset: str | None
     cpuset_mems: str | None
-    image_present: bool
+    runtime_ready: bool
     env: dict[str, str]
 
 

@@ -64,11 +64,11 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         out.print(f"[bold]MASTER_ADDR:MASTER_PORT[/] {plan.master}   world size {plan.world_size} on "
                   f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   image {escape(plan.image)}")
-        table = Table("rank", "host", "address", "interface", "local", "cpuset", "threads", "image")
+        table = Table("rank", "host", "address", "interface", "local", "cpuset", "threads", "runtime")
         for r in plan.ranks:
             table.add_row(str(r.rank), r.host, r.address, r.interface, f"{r.local_rank}/{r.local_world_size}",
                           r.cpuset or "unpinned", str(r.omp_num_threads),
-                          "present" if r.image_present else "[yellow]missing (run up)[/]")
+                          "ready" if r.runtime_ready else "[yellow]missing (run up)[/]")
         out.print(table)
         if args.env:
             for r in plan.ranks:
@@ -79,10 +79,7 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_up(args: argparse.Namespace) -> dict[str, Any]:
-    result = _cluster(args).provision()
-    if not args.json:
-        _print_hosts(result)
-    return {"ok": True, "result": result.to_dict()}
+    return _hosts_result(args, _cluster(args).provision())
 
 
 def cmd_launch(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,10 +106,7 @@ def cmd_logs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_down(args: argparse.Namespace) -> dict[str, Any]:
-    result = _cluster(args).down()
-    if not args.json:
-        _print_hosts(result)
-    return {"ok": True, "result": result.to_dict()}
+    return _hosts_result(args, _cluster(args).down())
 
 
 def cmd_local_up(args: argparse.Namespace) -> dict[str, Any]:
@@ -159,6 +153,13 @@ def _job(args: argparse.Namespace) -> api.Job:
     return api.Job(args=script_args or None, workload=getattr(args, "workload", None),
                    name=getattr(args, "job", None), env=env or None, timeout=getattr(args, "timeout", None),
                    run_id=getattr(args, "run_id", None), master_port=getattr(args, "master_port", None))
+
+
+def _hosts_result(args: argparse.Namespace, result: api.PlaybookResult) -> dict[str, Any]:
+    """Per-host counts of a playbook run: a table, or the JSON document."""
+    if not args.json:
+        _print_hosts(result)
+    return {"ok": True, "result": result.to_dict()}
 
 
 def _print_hosts(result: api.PlaybookResult) -> None:
