@@ -26,11 +26,11 @@ from torchfleet.errors import HostUnreachable, InventoryError, JobFailed, TaskFa
 
 # Tasks whose failure means bad input rather than a broken node: argument specs, the
 # launch preflight and the CPU plan. Nothing has been changed when one of them fails.
-_INPUT_TASK_PATHS = re.compile(r"/roles/[^/]+/tasks/(validate|preflight|plan)\.yml:|/roles/cpu_pinning/")
+_INPUT_TASK_PATHS = re.compile(r"/roles/[^/]+/tasks/(validate|preflight\w*|plan)\.yml:|/roles/cpu_pinning/")
 _INPUT_ACTIONS = {"validate_argument_spec", "ansible.builtin.validate_argument_spec", "torchfleet.cluster.rank_plan"}
 _VARIABLE = re.compile(
     r"\b((?:torchfleet|launch|image|dataset|cpu_pinning|tls_pki|container_runtime|local_cluster|"
-    r"kubelet_cpu_manager)_[a-z0-9_]+|gloo_tls|sgx_devices|GLOO_TCP_IFACE)\b"
+    r"kubelet_cpu_manager|ssh_mesh|python_env)_[a-z0-9_]+|gloo_tls|sgx_devices|GLOO_TCP_IFACE)\b"
 )
 _HOST_PREFIX = re.compile(r"^host (\S+?):")
 
