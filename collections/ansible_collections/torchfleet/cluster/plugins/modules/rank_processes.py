@@ -42,6 +42,9 @@ options:
     description: With I(state=absent), stop the processes of every run below I(run_dir).
     type: bool
     default: false
+  job:
+    description: With I(recurse), only the processes of this job.
+    type: str
   tail_lines:
     description: How many log lines to return for a process that exited non-zero.
     type: int
@@ -102,7 +105,7 @@ def start(module, run_dir, entry):
     env["TF_EXIT"] = base + ".exit"
     cwd = entry.get("cwd") or run_dir
     with open(base + ".meta", "w") as fh:
-        fh.write(f"{entry['rank']} {entry.get('role', 'rank')}\n")
+        fh.write(f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
     shell = ["sh", "-c", WRAPPER, base + ".log"] + argv
     if _systemd():
         # A transient unit: systemd supervises it, and stopping it kills its whole cgroup.
@@ -127,13 +130,15 @@ def _running(module, entry):
     return _alive(entry["pid"])
 
 
-def find(module, run_dir, recurse=False):
+def find(module, run_dir, recurse=False, job=None):
     pattern = os.path.join(run_dir, "**", "*.meta") if recurse else os.path.join(run_dir, "*.meta")
     found = []
     for meta in sorted(glob.glob(pattern, recursive=recurse)):
         base = meta[: -len(".meta")]
         with open(meta) as fh:
-            rank, role = fh.read().split()
+            rank, role, meta_job = (fh.read().split() + ["-"])[:3]
+        if job and meta_job != job:
+            continue
         entry = {"name": os.path.basename(base), "base": base, "rank": int(rank), "role": role,
                  "log": base + ".log", "stopped_by_torchfleet": os.path.exists(base + ".stopped")}
         for key, suffix, cast in (("unit", ".unit", str), ("pid", ".pid", int)):
@@ -174,6 +179,7 @@ def main():
             "state": {"type": "str", "choices": ["started", "status", "absent"], "default": "status"},
             "ranks": {"type": "list", "elements": "dict", "default": []},
             "recurse": {"type": "bool", "default": False},
+            "job": {"type": "str"},
             "tail_lines": {"type": "int", "default": 15},
         },
         supports_check_mode=False,
@@ -187,7 +193,9 @@ def main():
 
     if not os.path.isdir(run_dir):
         module.exit_json(changed=False, containers=[])
-    entries = find(module, run_dir, module.params["recurse"] and state == "absent")
+    recurse = module.params["recurse"] and state == "absent"
+    job = module.params["job"]
+    entries = find(module, run_dir, recurse, job)
     if state == "status":
         # A vanished rank is left out, so the watcher sees fewer than it expects.
         entries = [e for e in entries if not e["vanished"]]
@@ -202,11 +210,11 @@ def main():
     for e in running:
         stop(module, e)
     deadline = time.monotonic() + 10
-    while any(find_one["running"] for find_one in find(module, run_dir, module.params["recurse"])):
+    while any(e["running"] for e in find(module, run_dir, recurse, job)):
         if time.monotonic() > deadline:
             module.fail_json(msg=f"processes under {run_dir} survived SIGKILL")
         time.sleep(0.2)
-    finals = find(module, run_dir, module.params["recurse"])
+    finals = find(module, run_dir, recurse, job)
     for e in finals:
         if e["exit_code"] is None and e["stopped_by_torchfleet"]:
             e["exit_code"] = 128 + signal.SIGKILL
