@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.torchfleet-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "==> installing torchfleet and its tools into .venv (about a minute)"
+  echo "==> installing torchfleet and its tools into .venv (a few minutes)"
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored" || true
   .venv/bin/python -c 'import torchfleet, ansible_runner, molecule' 
   touch "$stamp"
