@@ -81,22 +81,29 @@ def split_mpirun_log(log: str, world_size: int) -> dict[int, str]:
 def mpirun_finals(launcher: Mapping[str, Any], log: str, world_size: int) -> list[dict[str, Any]]:
     """Per-rank final states from mpirun's own: its exit, and the rank it names as the first
     to fail. mpirun stops the other ranks itself, so they count as stopped."""
-    failed: dict[str, int] | None = None
+    failed = {}
     if match := MPI_EXIT_RE.search(log):
-        failed = {"rank": int(match["rank"]), "code": int(match["code"])}
+        failed = {int(match["rank"]): int(match["code"])}
     elif match := MPI_SIGNAL_RE.search(log):
-        failed = {"rank": int(match["rank"]), "code": 128 + int(match["sig"])}
+        failed = {int(match["rank"]): 128 + int(match["sig"])}
+    return launcher_finals(launcher, list(range(world_size)), failed, others_stopped=True)
+
+
+def launcher_finals(launcher: Mapping[str, Any], ranks: list[int], failed: Mapping[int, int],
+                    others_stopped: bool) -> list[dict[str, Any]]:
+    """Per-rank final states where one process (mpirun, torchrun) ran ``ranks``: all 0 when
+    it exited 0; else ``failed`` (index in ``ranks`` -> exit code) are blamed and the rest,
+    which have no exit code of their own, count as stopped when ``others_stopped``."""
     finals = []
-    for rank in range(world_size):
-        final = {key: launcher.get(key) for key in ("started_at", "finished_at")}
+    for index, rank in enumerate(ranks):
+        final = {"rank": rank, "started_at": launcher.get("started_at"), "finished_at": launcher.get("finished_at")}
         if launcher.get("exit_code") == 0:
             final.update(exit_code=0, stopped_by_torchfleet=False)
-        elif failed and failed["rank"] == rank:
-            final.update(exit_code=failed["code"], stopped_by_torchfleet=False)
+        elif index in failed:
+            final.update(exit_code=failed[index], stopped_by_torchfleet=False)
         else:
-            # Stopped by mpirun when another rank failed; they have no exit code of their own.
-            final.update(exit_code=None, stopped_by_torchfleet=True)
-        finals.append(dict(final, rank=rank))
+            final.update(exit_code=None, stopped_by_torchfleet=others_stopped)
+        finals.append(final)
     return finals
 
 
@@ -122,21 +129,12 @@ def torchrun_finals(node: Mapping[str, Any], log: str, ranks: list[int]) -> list
     ``ranks`` are the node's global ranks by local rank. A signal shows as a negative
     exit code in torchrun's report; it becomes 128 + signal, as a shell reports it.
     """
-    failed = {}
-    for match in TORCHRUN_FAIL_RE.finditer(log):
-        code = int(match["code"])
-        failed.setdefault(int(match["local"]), 128 - code if code < 0 else code)
-    finals = []
-    for local, rank in enumerate(ranks):
-        final = {"rank": rank, "started_at": node.get("started_at"), "finished_at": node.get("finished_at")}
-        if node.get("exit_code") == 0:
-            final.update(exit_code=0, stopped_by_torchfleet=False)
-        elif local in failed and not node.get("stopped_by_torchfleet"):
-            final.update(exit_code=failed[local], stopped_by_torchfleet=False)
-        else:
-            final.update(exit_code=None, stopped_by_torchfleet=bool(node))
-        finals.append(final)
-    return finals
+    failed: dict[int, int] = {}
+    if not node.get("stopped_by_torchfleet"):
+        for match in TORCHRUN_FAIL_RE.finditer(log):
+            code = int(match["code"])
+            failed.setdefault(int(match["local"]), 128 - code if code < 0 else code)
+    return launcher_finals(node, ranks, failed, others_stopped=bool(node))
 
 
 def tail(log: str, lines: int = 15) -> str:
