@@ -444,31 +444,35 @@ def local_up(nodes: int = 3, *, name: str = "torchfleet", subnet: str | None = N
              inventory_dir: str | Path | None = None, project_dir: str | Path | None = None,
              progress: bool | EventHook = True, **cluster_kwargs: Any) -> tuple[Cluster, PlaybookResult]:
     """Create (or keep) N docker hosts on this machine; returns a Cluster on them."""
-    project = Path(project_dir).resolve() if project_dir else find_project()
-    inventory = _local_inventory(project, inventory_dir)
-    variables: dict[str, Any] = {"local_cluster_nodes": int(nodes), "local_cluster_name": name,
-                                 "local_cluster_inventory": str(inventory / "hosts.yml")}
+    env = cluster_kwargs.pop("env", None)
+    variables: dict[str, Any] = {"local_cluster_nodes": int(nodes)}
     if subnet:
         variables["local_cluster_subnet"] = subnet
-    controller = Cluster(project / "inventory" / "local", project_dir=project, progress=progress,
-                         extra_vars=variables, env=cluster_kwargs.pop("env", None))
-    result, _ = controller._run("playbooks/local_cluster.yml", f"local up ({nodes} nodes)", {})
-    controller._raise_for(result, "local up")
-    return Cluster(inventory, project_dir=project, progress=progress, env=controller.env, **cluster_kwargs), result
+    project, inventory, result = _local_cluster_playbook(f"local up ({nodes} nodes)", variables, name, inventory_dir,
+                                                         project_dir, progress, env)
+    return Cluster(inventory, project_dir=project, progress=progress, env=env, **cluster_kwargs), result
 
 
 def local_down(*, name: str = "torchfleet", inventory_dir: str | Path | None = None,
                project_dir: str | Path | None = None, progress: bool | EventHook = True,
                env: Mapping[str, str] | None = None) -> PlaybookResult:
     """Remove the local docker hosts and their network."""
+    return _local_cluster_playbook("local down", {"local_cluster_state": "absent"}, name, inventory_dir,
+                                   project_dir, progress, env)[2]
+
+
+def _local_cluster_playbook(title: str, variables: Mapping[str, Any], name: str, inventory_dir: str | Path | None,
+                            project_dir: str | Path | None, progress: bool | EventHook,
+                            env: Mapping[str, str] | None) -> tuple[Path, Path, PlaybookResult]:
+    """Run playbooks/local_cluster.yml on this machine for the cluster ``name``."""
     project = Path(project_dir).resolve() if project_dir else find_project()
     inventory = _local_inventory(project, inventory_dir)
-    controller = Cluster(project / "inventory" / "local", project_dir=project, progress=progress, env=env, extra_vars={
-        "local_cluster_state": "absent", "local_cluster_name": name,
-        "local_cluster_inventory": str(inventory / "hosts.yml")})
-    result, _ = controller._run("playbooks/local_cluster.yml", "local down", {})
-    controller._raise_for(result, "local down")
-    return result
+    controller = Cluster(project / "inventory" / "local", project_dir=project, progress=progress, env=env,
+                         extra_vars={"local_cluster_name": name, "local_cluster_inventory": str(inventory / "hosts.yml"),
+                                     **variables})
+    result, _ = controller._run("playbooks/local_cluster.yml", title, {})
+    controller._raise_for(result, title)
+    return project, inventory, result
 
 
 def _local_inventory(project: Path, inventory_dir: str | Path | None) -> Path:
