@@ -1,20 +1,84 @@
 #!/usr/bin/env bash
-# The whole test suite: linters, molecule scenarios on local docker hosts, and pytest.
+# The whole test suite: linters, unit tests, molecule scenarios on local docker hosts, and the
+# API/CLI tests on a cluster of their own. It ends with a table of each stage's wall time.
+#   ./scripts/test.sh --quick          linters and unit tests only
+#   SCENARIOS="tls mpirun" ./scripts/test.sh   only those scenarios (and no cluster pytest)
+#   LANES=1 ./scripts/test.sh          the cluster stages one after another
+# The cluster stages mostly wait on docker and on training, so by default they run in two
+# lanes at once; each stage's output goes to .torchfleet/test-logs/<stage>.log and the
+# end of a failed stage's log is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 # shellcheck disable=SC1091
 source .venv/bin/activate
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+quick=false
+[ "${1:-}" = --quick ] && quick=true
+lanes=${LANES:-2}
+logs=.torchfleet/test-logs
+rm -rf "$logs" && mkdir -p "$logs"
+started=$SECONDS
 
-step "yamllint"
-yamllint --strict .
-step "ansible-lint (production profile)"
-ansible-lint
-step "molecule scenarios (each builds its own docker hosts)"
-for scenario in default image-pull tls mpirun bare-metal; do
-  molecule test --scenario-name "$scenario"
-done
-step "pytest"
-pytest -ra tests
+# stage NAME CMD...: runs it, logging to $logs/NAME.log, and records "NAME wall rc".
+stage() {
+  local name=$1 t0=$SECONDS rc=0 log="$logs/${1// /-}.log"
+  shift
+  printf '\033[1m==> %s\033[0m  (log: %s)\n' "$name" "$log"
+  "$@" >"$log" 2>&1 || rc=$?
+  printf '%s\t%s\t%s\n' "$name" $((SECONDS - t0)) "$rc" >>"$logs/times.tsv"
+  if [ "$rc" = 0 ]; then
+    printf '    %s passed in %ss\n' "$name" $((SECONDS - t0))
+  else
+    printf '\033[31m    %s FAILED (exit %s) in %ss; the end of its log:\033[0m\n' "$name" "$rc" $((SECONDS - t0))
+    tail -n 60 "$log" | sed 's/^/    | /'
+  fi
+}
+
+# A lane runs its stages one after another.
+lane() {
+  local item
+  for item in "$@"; do
+    case $item in
+      pytest-cluster) stage "pytest cluster" pytest -q -ra -m cluster tests ;;
+      *) stage "molecule $item" molecule test --scenario-name "$item" ;;
+    esac
+  done
+}
+
+stage "yamllint" yamllint --strict .
+stage "ansible-lint" ansible-lint
+stage "pytest unit" pytest -q -ra -m "not cluster" tests
+if ! $quick; then
+  # The training image and the node image are built once, before the lanes share them.
+  stage "images" ansible-playbook playbooks/local_cluster.yml -e local_cluster_nodes=0
+  if [ -n "${SCENARIOS:-}" ]; then
+    read -r -a first <<<"$SCENARIOS"
+    second=()
+  elif [ "$lanes" -ge 2 ]; then
+    # Balanced by their usual wall times.
+    first=(default image-pull bare-metal)
+    second=(mpirun tls pytest-cluster)
+  else
+    first=(default image-pull tls mpirun bare-metal pytest-cluster)
+    second=()
+  fi
+  lane "${first[@]}" &
+  pids=($!)
+  if [ "${#second[@]}" -gt 0 ]; then
+    lane "${second[@]}" &
+    pids+=($!)
+  fi
+  for pid in "${pids[@]}"; do wait "$pid" || true; done
+fi
+
+failed=0
+printf '\n%-24s %9s  %s\n' stage wall result
+printf '%s\n' '--------------------------------------------'
+while IFS=$'\t' read -r name wall rc; do
+  if [ "$rc" = 0 ]; then result=ok; else result="FAILED ($rc)"; failed=1; fi
+  printf '%-24s %5dm%02ds  %s\n' "$name" $((wall / 60)) $((wall % 60)) "$result"
+done <"$logs/times.tsv"
+printf '%s\n' '--------------------------------------------'
+printf '%-24s %5dm%02ds  (%s lanes)\n' total $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$lanes"
+exit "$failed"

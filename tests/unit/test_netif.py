@@ -21,7 +21,16 @@ def test_master_uses_the_interface_that_owns_the_address_not_lo():
 
 
 def test_docker0_is_never_picked_for_a_cluster_address():
-    assert gloo_interface("node-1", "172.29.0.2", ADDR, MASTER_ROUTE) != "docker0"
+    # A node whose docker0 comes first and whose cluster interface is not called eth0:
+    # the interface that owns the master address wins, whatever its name or position.
+    links = [
+        {"ifname": "docker0", "addr_info": [{"family": "inet", "local": "172.17.0.1", "prefixlen": 16}]},
+        {"ifname": "ens5", "addr_info": [{"family": "inet", "local": "10.1.2.3", "prefixlen": 24}]},
+    ]
+    route = [{"type": "local", "dst": "10.1.2.3", "dev": "lo", "prefsrc": "10.1.2.3"}]
+    assert gloo_interface("node-1", "10.1.2.3", links, route) == "ens5"
+    worker_route = [{"dst": "10.1.2.3", "dev": "ens6", "prefsrc": "10.1.2.4"}]
+    assert gloo_interface("node-2", "10.1.2.3", links[:1], worker_route) == "ens6"
 
 
 def test_loopback_route_to_a_foreign_address_fails_naming_the_host():

@@ -80,6 +80,9 @@ class ActionModule(ActionBase):
                 task_vars=task_vars,
             )
             if status.get("failed"):
+                # Its ranks can no longer be watched, so nobody else's may go on either.
+                reason = "could not read its ranks: {}".format(status.get("msg", "unknown error"))
+                (abort_dir / f"abort-{host}.json").write_text(json.dumps({"host": host, "reason": reason}))
                 return status
             containers = status["containers"]
             failed = [c for c in containers if c["exit_code"] not in (None, 0)]
