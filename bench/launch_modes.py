@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import torchfleet
+from torchfleet.report import parse_steps, parse_time
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import torchfleet  # noqa: E402
-from torchfleet.report import parse_steps, parse_time  # noqa: E402
 
 NAME = "torchfleet-bench-modes"
 STATE = ROOT / ".torchfleet"

@@ -20,9 +20,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from torchfleet.report import parse_steps, parse_time
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from torchfleet.report import parse_steps, parse_time  # noqa: E402
 
 NAME = "torchfleet-bench"
 STATE = ROOT / ".torchfleet"
