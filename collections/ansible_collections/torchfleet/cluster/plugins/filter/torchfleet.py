@@ -1,9 +1,9 @@
-"""Filters that turn facts into cluster addresses, Gloo interfaces and rank environments."""
+"""Filters that turn facts into cluster addresses, Gloo interfaces, rank environments and overlay addresses."""
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import cpus, netif, ranks
+from torchfleet import cpus, netif, overlay, ranks
 from torchfleet.errors import InventoryError
 
 
@@ -62,6 +62,31 @@ def cpu_plan(topology, host, ranks_on_node, cores_per_rank=0, use_hyperthreads=F
     )
 
 
+def overlay_allocate(network, hosts, explicit=None, previous=None):
+    """The overlay's state ``{network, addresses}``: explicit addresses, then kept ones, then new ones."""
+    return overlay.allocate(network, hosts, explicit, previous)
+
+
+def overlay_check_endpoints(network, endpoints):
+    """The overlay network, once no node's endpoint (cluster address) is found inside it."""
+    return overlay.check_endpoints(network, endpoints)
+
+
+def overlay_state(text):
+    """The overlay state file's content (empty when there is none yet)."""
+    return overlay.load_state(text)
+
+
+def overlay_interface_address(ip_addr, interface, host):
+    """The node's overlay address from ``ip -j addr show``; fails naming the node when the overlay is down."""
+    return overlay.interface_address(host, interface, ip_addr)
+
+
+def overlay_unreachable(results, max_age):
+    """The node pairs that cannot talk over the overlay, from every node's overlay_probe result."""
+    return overlay.unreachable_pairs(results, int(max_age))
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -70,4 +95,9 @@ class FilterModule:
             "address_network": _wrap(address_network),
             "rank_env": _wrap(rank_env),
             "cpu_plan": _wrap(cpu_plan),
+            "overlay_allocate": _wrap(overlay_allocate),
+            "overlay_check_endpoints": _wrap(overlay_check_endpoints),
+            "overlay_state": _wrap(overlay_state),
+            "overlay_interface_address": _wrap(overlay_interface_address),
+            "overlay_unreachable": _wrap(overlay_unreachable),
         }
