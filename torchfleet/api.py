@@ -120,6 +120,8 @@ class Plan:
     world_size: int
     num_nodes: int
     ranks: list[RankPlan]
+    # tcp, or wireguard: the ranks talk only over the overlay (addresses are overlay addresses).
+    transport: str = "tcp"
 
     @property
     def master(self) -> str:
@@ -318,7 +320,7 @@ class Cluster:
             run_id=view["run_id"], launch_mode=view["launch_mode"], image=view["image"],
             master_host=view["master_host"], master_addr=view["master_addr"],
             master_port=int(view["master_port"]), world_size=int(view["world_size"]),
-            num_nodes=int(view["num_nodes"]), ranks=ranks,
+            num_nodes=int(view["num_nodes"]), ranks=ranks, transport=view.get("transport", "tcp"),
         )
 
     def provision(self, **extra_vars: Any) -> PlaybookResult:

@@ -63,7 +63,8 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     plan = _cluster(args).plan(_job(args))
     if not args.json:
         out.print(f"[bold]MASTER_ADDR:MASTER_PORT[/] {plan.master}   world size {plan.world_size} on "
-                  f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   image {escape(plan.image)}")
+                  f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   transport {plan.transport}   "
+                  f"image {escape(plan.image)}")
         table = Table("rank", "host", "address", "interface", "local", "cpuset", "threads", "runtime")
         for r in plan.ranks:
             table.add_row(str(r.rank), r.host, r.address, r.interface, f"{r.local_rank}/{r.local_world_size}",

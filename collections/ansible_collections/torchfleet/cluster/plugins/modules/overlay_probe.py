@@ -31,9 +31,8 @@ options:
     type: str
     required: true
   peers:
-    description: The other nodes, each with C(host) and C(address) (its overlay address).
-    type: list
-    elements: dict
+    description: The other nodes' overlay addresses, by inventory hostname.
+    type: dict
     required: true
   port:
     description: The TCP port each node listens on during the probe.
@@ -108,14 +107,14 @@ def main():
         argument_spec={
             "interface": {"type": "str", "required": True},
             "address": {"type": "str", "required": True},
-            "peers": {"type": "list", "elements": "dict", "required": True},
+            "peers": {"type": "dict", "required": True},
             "port": {"type": "int", "required": True},
             "timeout": {"type": "float", "default": 10},
         },
         supports_check_mode=True,
     )
     params = module.params
-    peers = [{"host": str(p["host"]), "address": str(p["address"])} for p in params["peers"]]
+    peers = [{"host": str(host), "address": str(address)} for host, address in sorted(params["peers"].items())]
     deadline = time.monotonic() + params["timeout"]
     accepted = set()
     try:
