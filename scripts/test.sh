@@ -57,10 +57,10 @@ if ! $quick; then
     second=()
   elif [ "$lanes" -ge 2 ]; then
     # Balanced by their usual wall times.
-    first=(default image-pull bare-metal)
+    first=(default image-pull bare-metal overlay)
     second=(mpirun tls pytest-cluster)
   else
-    first=(default image-pull tls mpirun bare-metal pytest-cluster)
+    first=(default image-pull tls mpirun bare-metal overlay pytest-cluster)
     second=()
   fi
   lane "${first[@]}" &

@@ -39,6 +39,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     rank, world_size = rank_and_size(os.environ)
+    # What this rank was told to talk over, for the overlay's tests.
+    print(f"rank {rank}: MASTER_ADDR={os.environ.get('MASTER_ADDR')} "
+          f"GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}", flush=True)
     dist.init_process_group("gloo", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=args.init_timeout))
     size = args.pattern_kib * 1024
