@@ -142,6 +142,7 @@ class RankResult:
     steps: int
     log_path: str | None
     cpuset: str | None = None
+    cpuset_mems: str | None = None
 
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
@@ -178,7 +179,7 @@ class RunResult:
             ranks=[
                 RankResult(rank=r["rank"], host=r["host"], exit_code=r["exit_code"], outcome=r["outcome"],
                            duration_s=r["duration_s"], last_loss=r["last_loss"], steps=r.get("steps", 0),
-                           log_path=r["log"], cpuset=r.get("cpuset"))
+                           log_path=r["log"], cpuset=r.get("cpuset"), cpuset_mems=r.get("cpuset_mems"))
                 for r in data["ranks"]
             ],
             checksums_equal=data["checksums_equal"],

@@ -65,10 +65,10 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         out.print(f"[bold]MASTER_ADDR:MASTER_PORT[/] {plan.master}   world size {plan.world_size} on "
                   f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   transport {plan.transport}   "
                   f"image {escape(plan.image)}")
-        table = Table("rank", "host", "address", "interface", "local", "cpuset", "threads", "runtime")
+        table = Table("rank", "host", "address", "interface", "local", "cpuset", "mems", "threads", "runtime")
         for r in plan.ranks:
             table.add_row(str(r.rank), r.host, r.address, r.interface, f"{r.local_rank}/{r.local_world_size}",
-                          r.cpuset or "unpinned", str(r.omp_num_threads),
+                          r.cpuset or "unpinned", r.cpuset_mems or "-", str(r.omp_num_threads),
                           "ready" if r.runtime_ready else "[yellow]missing (run up)[/]")
         out.print(table)
         if args.env:
@@ -171,14 +171,14 @@ def _print_hosts(result: api.PlaybookResult) -> None:
 
 
 def _print_run(run: api.RunResult) -> None:
-    table = Table("rank", "host", "exit", "outcome", "duration", "steps", "last loss", "cpuset",
+    table = Table("rank", "host", "exit", "outcome", "duration", "steps", "last loss", "cpuset", "mems",
                   title=f"run {run.run_id}  (master {run.master})")
     colour = {"ok": "green", "failed": "red", "missing": "red", "stopped": "yellow"}
     for r in run.ranks:
         table.add_row(str(r.rank), r.host, "-" if r.exit_code is None else str(r.exit_code),
                       f"[{colour.get(r.outcome, 'white')}]{r.outcome}[/]",
                       "-" if r.duration_s is None else f"{r.duration_s:.1f}s", str(r.steps),
-                      "-" if r.last_loss is None else f"{r.last_loss:.4f}", r.cpuset or "-")
+                      "-" if r.last_loss is None else f"{r.last_loss:.4f}", r.cpuset or "-", r.cpuset_mems or "-")
     out.print(table)
     if run.ok:
         out.print(f"checksums equal on every rank: {'yes' if run.checksums_equal else '[red]no[/]'}")

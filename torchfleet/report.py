@@ -22,7 +22,8 @@ PEER_ERROR_RE = re.compile(
 
 
 # What rank_containers reports of each container's configuration, with its default.
-CONTAINER_FIELDS = {"env": {}, "cpuset": None, "devices": [], "mounts": [], "oom_kill_disable": False}
+CONTAINER_FIELDS = {"env": {}, "cpuset": None, "cpuset_mems": None, "devices": [], "mounts": [],
+                    "oom_kill_disable": False}
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -142,15 +143,19 @@ def tail(log: str, lines: int = 15) -> str:
 
 
 def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
-              run_dir: str | Path, master_listened: bool = True) -> dict[str, Any]:
+              run_dir: str | Path, master_listened: bool = True,
+              pinning: Mapping[Any, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Combine the rank table, each container's final state and the fetched logs.
 
     ``finals`` holds one mapping per rank as the node-side module reported it before
     removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet. When the
     master never opened MASTER_PORT, the workers were never started: they are not to blame.
+    ``pinning`` maps a rank to the cpuset and memory nodes its node gave it; a rank's own
+    container, where it has one, reports them instead.
     """
     run_dir = Path(run_dir)
     by_rank = {int(f["rank"]): f for f in finals}
+    pinned = {int(rank): p for rank, p in (pinning or {}).items()}
     rows = []
     for entry in table["ranks"]:
         rank = entry["rank"]
@@ -190,6 +195,8 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
                 **{key: final.get(key, default) for key, default in CONTAINER_FIELDS.items()},
             }
         )
+        for key in ("cpuset", "cpuset_mems"):
+            rows[-1][key] = rows[-1][key] or pinned.get(rank, {}).get(key) or None
     culprit = choose_culprit(rows)
     checksums = {}
     for row in rows:
@@ -221,14 +228,15 @@ def choose_culprit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def format_table(summary: Mapping[str, Any]) -> list[str]:
-    header = f"{'rank':>4}  {'host':<16} {'exit':>4}  {'outcome':<8} {'duration':>9}  {'last loss':>9}  cpuset"
+    header = (f"{'rank':>4}  {'host':<16} {'exit':>4}  {'outcome':<8} {'duration':>9}  {'last loss':>9}  "
+              f"{'cpuset':<16} mems")
     lines = [header, "-" * len(header)]
     for r in summary["ranks"]:
         exit_code = "-" if r["exit_code"] is None else str(r["exit_code"])
         duration = "-" if r["duration_s"] is None else f"{r['duration_s']:.1f}s"
         loss = "-" if r["last_loss"] is None else f"{r['last_loss']:.4f}"
         lines.append(f"{r['rank']:>4}  {r['host']:<16} {exit_code:>4}  {r['outcome']:<8} {duration:>9}  {loss:>9}  "
-                     f"{r.get('cpuset') or '-'}")
+                     f"{r.get('cpuset') or '-':<16} {r.get('cpuset_mems') or '-'}")
     return lines
 
 

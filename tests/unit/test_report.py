@@ -41,7 +41,7 @@ def test_summary_of_a_good_run(tmp_path):
         (0, 0, 20.5, 1.5), (1, 0, 20.5, 1.5), (2, 0, 20.5, 1.5)]
     assert s["ranks"][0]["curve"] == [[0, 2.2662], [9, 2.2422], [10, 1.5]]
     lines = format_table(s)
-    assert lines[2].split() == ["0", "node-1", "0", "ok", "20.5s", "1.5000", "-"]
+    assert lines[2].split() == ["0", "node-1", "0", "ok", "20.5s", "1.5000", "-", "-"]
     json.dumps(s)
 
 
@@ -141,3 +141,15 @@ def test_torchrun_output_splits_by_local_rank_and_names_the_failed_one():
     assert [(f["rank"], f["exit_code"], f["stopped_by_torchfleet"]) for f in finals] == [(2, None, True), (3, 137, False)]
     stopped = torchrun_finals(dict(node, exit_code=137, stopped_by_torchfleet=True), "", [0, 1])
     assert [(f["exit_code"], f["stopped_by_torchfleet"]) for f in stopped] == [(None, True), (None, True)]
+
+
+def test_summary_shows_each_ranks_cpuset_where_one_launcher_ran_them(tmp_path):
+    # torchrun and mpirun report one final per node, with no cpuset of the ranks.
+    finals = [final(r, 0, "2026-11-22T03:46:20.5Z") for r in range(2)]
+    pinning = {"0": {"cpuset": "0", "cpuset_mems": "0"}, "1": {"cpuset": "1", "cpuset_mems": ""}}
+    s = summarize("run4", table(2), finals, tmp_path, pinning=pinning)
+    assert [(r["cpuset"], r["cpuset_mems"]) for r in s["ranks"]] == [("0", "0"), ("1", None)]
+    assert format_table(s)[3].split()[-2:] == ["1", "-"]
+    # A rank's own container reports what docker applied.
+    finals[0].update(cpuset="0-1", cpuset_mems="0")
+    assert summarize("run4", table(2), finals, tmp_path, pinning=pinning)["ranks"][0]["cpuset"] == "0-1"

@@ -42,6 +42,10 @@ options:
     description: torchrun mode; each node's torchrun-<host>.log is split into rank logs.
     type: bool
     default: false
+  pinning:
+    description: Each pinned rank's cpuset and cpuset_mems, by rank, as its node planned them.
+    type: dict
+    default: {}
   master_listened:
     description: Whether MASTER_PORT opened; when not, the other ranks were never started.
     type: bool
@@ -62,7 +66,7 @@ class ActionModule(ActionBase):
         elif args.get("torchrun"):
             finals = self._split_torchrun(args, finals)
         summary = report.summarize(args["run_id"], args["plan"], finals, args["run_dir"],
-                                   bool(args.get("master_listened", True)))
+                                   bool(args.get("master_listened", True)), args.get("pinning"))
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)

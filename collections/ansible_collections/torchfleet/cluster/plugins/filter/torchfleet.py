@@ -49,17 +49,14 @@ def rank_env(row, table, interface, omp_threads, extra=None):
 def cpu_plan(topology, host, ranks_on_node, cores_per_rank=0, use_hyperthreads=False, reserved="", cpusets=None):
     """Each local rank's cpuset, cpuset_mems and OMP_NUM_THREADS, from cpu_topology's result."""
     table = cpus.parse_lscpu(topology["lscpu"])
+    limits = {"allowed": topology.get("allowed"), "memory_nodes": topology.get("memory_nodes"),
+              "mems_allowed": topology.get("mems_allowed")}
     if cpusets:
-        return cpus.check_explicit(host, table, list(cpusets), int(ranks_on_node))
-    return cpus.allocate(
-        host,
-        table,
-        int(ranks_on_node),
-        cores_per_rank=int(cores_per_rank) or None,
-        use_hyperthreads=bool(use_hyperthreads),
-        reserved=reserved,
-        allowed=topology.get("allowed"),
-    )
+        return cpus.check_explicit(host, table, list(cpusets), int(ranks_on_node), reserved=reserved, **limits)
+    # 0 in the role splits the cores evenly; any other count is checked by allocate().
+    count = int(cores_per_rank)
+    return cpus.allocate(host, table, int(ranks_on_node), cores_per_rank=count if count else None,
+                         use_hyperthreads=bool(use_hyperthreads), reserved=reserved, **limits)
 
 
 def overlay_allocate(network, hosts, explicit=None, previous=None):

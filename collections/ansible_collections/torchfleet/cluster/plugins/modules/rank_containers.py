@@ -112,6 +112,7 @@ def find(module):
                 "started_at": state.get("StartedAt"),
                 "finished_at": None if state["Running"] else state.get("FinishedAt"),
                 "cpuset": item["HostConfig"].get("CpusetCpus") or None,
+                "cpuset_mems": item["HostConfig"].get("CpusetMems") or None,
                 "devices": [d["PathOnHost"] for d in item["HostConfig"].get("Devices") or []],
                 "mounts": sorted(f"{m['Source']}:{m['Destination']}" + ("" if m.get("RW", True) else ":ro")
                                  for m in item.get("Mounts") or []),
