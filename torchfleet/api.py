@@ -202,6 +202,8 @@ class Job:
     workload: str | Path | None = None
     name: str | None = None
     env: Mapping[str, str] | None = None
+    # Reaches the ranks, never the plan, the report or a command line (launch_secret_env).
+    secret_env: Mapping[str, str] | None = None
     master_port: int | None = None
     timeout: int | None = None
     run_id: str | None = None
@@ -217,6 +219,8 @@ class Job:
             out["launch_job"] = self.name
         if self.env is not None:
             out["launch_extra_env"] = {str(k): str(v) for k, v in self.env.items()}
+        if self.secret_env is not None:
+            out["launch_secret_env"] = {str(k): str(v) for k, v in self.secret_env.items()}
         if self.master_port is not None:
             out["launch_master_port"] = int(self.master_port)
         if self.timeout is not None:

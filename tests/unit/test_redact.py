@@ -1,7 +1,8 @@
 import pytest
 
 from torchfleet.errors import InventoryError
-from torchfleet.redact import HIDDEN, has_credentials, redact, split_env
+from torchfleet.ranks import RANK_ENV_NAMES, rank_env
+from torchfleet.redact import HIDDEN, check_env, has_credentials, redact, split_env
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -52,11 +53,31 @@ def test_split_env_of_nothing():
 @pytest.mark.parametrize("name", ["API-TOKEN", "1TOKEN", "A B", ""])
 def test_a_secret_name_must_be_a_shell_variable_name(name):
     with pytest.raises(InventoryError) as err:
-        split_env({}, {name: "x"}, host="node-1")
+        check_env({}, {name: "tok-123"}, host="node-1")
     assert err.value.variable == "launch_secret_env" and err.value.host == "node-1"
+    assert "tok-123" not in err.value.message
 
 
 def test_a_name_may_not_be_both_secret_and_open():
     with pytest.raises(InventoryError) as err:
-        split_env({"API_TOKEN": "a"}, {"API_TOKEN": "b"})
+        check_env({"API_TOKEN": "a"}, {"API_TOKEN": "tok-123"})
     assert "API_TOKEN" in err.value.message and err.value.variable == "launch_secret_env"
+    assert "tok-123" not in err.value.message
+
+
+def test_an_open_value_with_credentials_needs_a_shell_name_too():
+    with pytest.raises(InventoryError) as err:
+        check_env({"my-proxy": "http://u:pw@proxy:3128"}, {}, host="node-2")
+    assert err.value.variable == "launch_extra_env" and "pw" not in err.value.message
+    check_env({"my-proxy": "http://proxy:3128", "http_proxy": "http://u:pw@proxy:3128"}, {"API_TOKEN": "x"})
+
+
+def test_a_secret_may_not_replace_what_the_launch_sets():
+    with pytest.raises(InventoryError, match="may not override MASTER_ADDR"):
+        check_env({}, {"MASTER_ADDR": "10.0.0.9"})
+
+
+def test_the_names_the_launch_sets_are_rank_envs_own():
+    row = {"rank": 0, "host": "a", "local_rank": 0, "local_world_size": 1, "node_rank": 0}
+    table = {"master_addr": "10.0.0.1", "master_port": 29500, "world_size": 1}
+    assert sorted(rank_env(row, table, "eth0", 1)) == sorted(RANK_ENV_NAMES)

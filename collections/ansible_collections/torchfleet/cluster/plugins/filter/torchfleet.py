@@ -3,7 +3,7 @@
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import cpus, netif, ranks
+from torchfleet import cpus, netif, ranks, redact
 from torchfleet.errors import InventoryError
 
 
@@ -46,6 +46,22 @@ def rank_env(row, table, interface, omp_threads, extra=None):
     return ranks.rank_env(row, table, interface, omp_threads, extra)
 
 
+def split_env(env, secret=None):
+    """The rank environment's open part, secret part and what may be shown (torchfleet.redact)."""
+    return redact.split_env(env, secret)
+
+
+def check_env(env, secret=None, host=None):
+    """True, or an error naming the host and the variable; names only, never a value."""
+    redact.check_env(env, secret, host)
+    return True
+
+
+def redact_url(text):
+    """``text`` with the credentials of every URL in it replaced by ***."""
+    return redact.redact(text)
+
+
 def cpu_plan(topology, host, ranks_on_node, cores_per_rank=0, use_hyperthreads=False, reserved="", cpusets=None):
     """Each local rank's cpuset, cpuset_mems and OMP_NUM_THREADS, from cpu_topology's result."""
     table = cpus.parse_lscpu(topology["lscpu"])
@@ -70,4 +86,7 @@ class FilterModule:
             "address_network": _wrap(address_network),
             "rank_env": _wrap(rank_env),
             "cpu_plan": _wrap(cpu_plan),
+            "split_env": _wrap(split_env),
+            "check_env": _wrap(check_env),
+            "redact_url": redact_url,
         }
