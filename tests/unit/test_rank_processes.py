@@ -53,7 +53,9 @@ def test_a_failing_rank_reports_its_own_exit_code(tmp_path):
 
 def test_a_rank_killed_by_a_signal_reports_128_plus_the_signal(tmp_path):
     _start(tmp_path, 2, "import time; print('up', flush=True); time.sleep(60)")
-    _until(tmp_path, lambda f: f and "up" in (tmp_path / "rank-2.log").read_text())
+    log = tmp_path / "rank-2.log"
+    # The shell creates the log a moment after the meta file appears.
+    _until(tmp_path, lambda f: f and log.exists() and "up" in log.read_text())
     shell = int((tmp_path / "rank-2.pid").read_text())
     child = int(open(f"/proc/{shell}/task/{shell}/children").read().split()[0])
     os.kill(child, signal.SIGTERM)
