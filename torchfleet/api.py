@@ -513,6 +513,7 @@ def remove_stale_private_folders(root: str | Path | None = None) -> list[Path]:
 def _private_folder() -> Iterator[Path]:
     """A 0700 folder named after this process, removed however the block is left."""
     root = _runner_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     remove_stale_private_folders(root)
     pid = os.getpid()
     folder = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-{_process_start(pid)}-", dir=root))

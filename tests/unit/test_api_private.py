@@ -57,8 +57,8 @@ SLOW_PLAYBOOK = """
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
+    # Made by the first run: TORCHFLEET_RUNNER_DIR may name a folder that is not there yet.
     root = tmp_path / "runner-root"
-    root.mkdir()
     monkeypatch.setenv("TORCHFLEET_RUNNER_DIR", str(root))
     out = tmp_path / "out"
     out.mkdir()
@@ -170,6 +170,7 @@ def test_only_folders_of_processes_that_are_gone_are_removed(tmp_path):
 
 def test_a_run_removes_what_a_killed_run_left(project):
     proj, root, _ = project
+    root.mkdir()
     left = root / f"torchfleet-runner-{_dead_pid()}-0-xyz"
     (left / "env").mkdir(parents=True)
     (left / "env" / "extravars").write_text(TOKEN)
