@@ -522,7 +522,7 @@ def _private_folder() -> Iterator[Path]:
     finally:
         # An exception out of ansible-runner (a caller's hook, say) leaves ansible-playbook
         # running, and writing into the folder.
-        _stop_children(folder)
+        _stop_processes(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -564,7 +564,7 @@ class _Cancel:
             return False
         if self._asked_at is None:
             self._asked_at = time.monotonic()
-            _signal_all(_children_naming(self.folder), signal.SIGTERM)
+            _signal_all(_processes_naming(self.folder), signal.SIGTERM)
         return time.monotonic() - self._asked_at > GRACE_S
 
 
@@ -572,30 +572,32 @@ def _signal_all(pids: Iterable[int], signum: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, signum)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
 
-def _stop_children(folder: Path) -> None:
-    """Stop this process's children that still use ``folder``: SIGTERM, then SIGKILL."""
-    _signal_all(_children_naming(folder), signal.SIGTERM)
+def _stop_processes(folder: Path) -> None:
+    """Stop the processes that still use ``folder``: SIGTERM, then SIGKILL."""
+    _signal_all(_processes_naming(folder), signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
-    while _children_naming(folder) and time.monotonic() < deadline:
+    while _processes_naming(folder) and time.monotonic() < deadline:
         time.sleep(0.1)
-    _signal_all(_children_naming(folder), signal.SIGKILL)
+    _signal_all(_processes_naming(folder), signal.SIGKILL)
 
 
-def _children_naming(folder: Path | None) -> list[int]:
-    """This process's children whose command line names ``folder`` (its ansible-playbook)."""
+def _processes_naming(folder: Path | None) -> list[int]:
+    """Processes whose command line names ``folder``: this run's ansible-playbook and its
+    workers (forks of it, in sessions of their own)."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    if folder is None:
+        return found
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError, IndexError):
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
             continue
-        if ppid == os.getpid() and folder is not None and str(folder) in cmdline:
-            found.append(int(stat.parent.name))
+        if str(folder) in text and int(cmdline.parent.name) != os.getpid():
+            found.append(int(cmdline.parent.name))
     return found
 
 
