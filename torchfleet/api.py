@@ -14,13 +14,17 @@ import json
 import os
 import re
 import secrets
+import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from torchfleet.errors import HostUnreachable, InventoryError, JobFailed, TaskFailed, TorchfleetError
 
@@ -201,6 +205,8 @@ class Job:
     workload: str | Path | None = None
     name: str | None = None
     env: Mapping[str, str] | None = None
+    # Reaches the ranks, never the plan, the report or a command line (launch_secret_env).
+    secret_env: Mapping[str, str] | None = None
     master_port: int | None = None
     timeout: int | None = None
     run_id: str | None = None
@@ -216,6 +222,8 @@ class Job:
             out["launch_job"] = self.name
         if self.env is not None:
             out["launch_extra_env"] = {str(k): str(v) for k, v in self.env.items()}
+        if self.secret_env is not None:
+            out["launch_secret_env"] = {str(k): str(v) for k, v in self.secret_env.items()}
         if self.master_port is not None:
             out["launch_master_port"] = int(self.master_port)
         if self.timeout is not None:
@@ -401,15 +409,22 @@ class Cluster:
             **self.env,
         }
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="torchfleet-runner-") as private:
+        with _cancel_on_signals() as cancel, _private_folder() as private:
+            cancel.folder = private
+            # Variables (a registry password, secret env) reach ansible-playbook as -e @file, a
+            # 0600 file in a 0700 folder: never on its command line or in artifacts/*/command.
+            _write_private(private / "env" / "extravars", json.dumps({**self.extra_vars, **variables}))
+            # How often ansible-runner checks for a cancel (SIGTERM, Ctrl-C) while output is quiet.
+            _write_private(private / "env" / "settings", json.dumps({"pexpect_timeout": 1}))
             runner = ansible_runner.run(
-                private_data_dir=private,
+                private_data_dir=str(private),
                 project_dir=str(self.project_dir),
                 playbook=str(self.project_dir / playbook),
                 inventory=[str(p) for p in self.inventory],
-                extravars={**self.extra_vars, **variables},
                 envvars=env,
                 event_handler=collector,
+                status_handler=_command_without_env,
+                cancel_callback=cancel,
                 quiet=True,
                 suppress_env_files=True,
             )
@@ -438,6 +453,175 @@ class Cluster:
         if first.action in _INPUT_ACTIONS or _INPUT_TASK_PATHS.search(first.task_path + ":"):
             raise InventoryError(first.message, first.host, first.variable, first.task)
         raise TaskFailed(first.message, first.host, first.task, result.playbook, result.failures)
+
+
+# --- the runner's private folder ----------------------------------------------------------
+
+_PRIVATE_PREFIX = "torchfleet-runner-"
+# Seconds ansible-playbook gets to stop its workers before it is killed.
+GRACE_S = 10.0
+
+
+def _runner_root() -> Path:
+    """Where the runner's private folders go: $TORCHFLEET_RUNNER_DIR, else the temp folder."""
+    return Path(os.environ.get("TORCHFLEET_RUNNER_DIR") or tempfile.gettempdir())
+
+
+def _process_start(pid: int) -> str:
+    """A process's start time (clock ticks since boot), so that a reused pid is not taken
+    for the process that made a folder; "0" where /proc cannot tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_alive(name: str) -> bool:
+    """Whether the process named in a private folder's name (prefix, pid, start) still runs."""
+    pid_text, _, rest = name[len(_PRIVATE_PREFIX):].partition("-")
+    start = rest.partition("-")[0]
+    try:
+        pid = int(pid_text)
+        os.kill(pid, 0)
+    except ValueError:
+        return True  # not named by us: leave it
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return start in ("0", _process_start(pid))
+
+
+def remove_stale_private_folders(root: str | Path | None = None) -> list[Path]:
+    """Remove the runner folders of torchfleet processes that are gone (killed, say), and
+    only those: a concurrent run, attach or logs -f keeps its own. Returns what it removed."""
+    root = Path(root) if root else _runner_root()
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(_PRIVATE_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.stat(follow_symlinks=False).st_uid != os.getuid() or _owner_alive(entry.name):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+@contextmanager
+def _private_folder() -> Iterator[Path]:
+    """A 0700 folder named after this process, removed however the block is left."""
+    root = _runner_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    remove_stale_private_folders(root)
+    pid = os.getpid()
+    folder = Path(tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{pid}-{_process_start(pid)}-", dir=root))
+    try:
+        yield folder
+    finally:
+        # An exception out of ansible-runner (a caller's hook, say) leaves ansible-playbook
+        # running, and writing into the folder.
+        _stop_processes(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file that only its owner can read, created with that mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _command_without_env(status: Mapping[str, Any], runner_config: Any) -> None:
+    """ansible-runner writes the environment (proxies with passwords, say) beside the command
+    in artifacts/<id>/command; keep only the names, before ansible-playbook starts."""
+    if status.get("status") != "running":
+        return
+    path = Path(runner_config.artifact_dir) / "command"
+    data = json.loads(path.read_text())
+    data["env"] = sorted(data.get("env") or {})
+    path.write_text(json.dumps(data))
+
+
+class _Cancel:
+    """ansible-runner's cancel_callback. After SIGTERM or Ctrl-C it asks ansible-playbook
+    to stop with SIGTERM, which stops its workers too (a kill of its process group, all
+    ansible-runner does, misses them: each runs in a session of its own), and lets
+    ansible-runner kill what is left after a grace period."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.folder: Path | None = None
+        self._asked_at: float | None = None
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+
+    def __call__(self) -> bool:
+        if not self.received:
+            return False
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
+            _signal_all(_processes_naming(self.folder), signal.SIGTERM)
+        return time.monotonic() - self._asked_at > GRACE_S
+
+
+def _signal_all(pids: Iterable[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop_processes(folder: Path) -> None:
+    """Stop the processes that still use ``folder``: SIGTERM, then SIGKILL."""
+    _signal_all(_processes_naming(folder), signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while _processes_naming(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal_all(_processes_naming(folder), signal.SIGKILL)
+
+
+def _processes_naming(folder: Path | None) -> list[int]:
+    """Processes whose command line names ``folder``: this run's ansible-playbook and its
+    workers (forks of it, in sessions of their own)."""
+    found = []
+    if folder is None:
+        return found
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in text and int(cmdline.parent.name) != os.getpid():
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@contextmanager
+def _cancel_on_signals() -> Iterator[_Cancel]:
+    """SIGTERM or Ctrl-C cancels the run in hand; once the caller has cleaned up, the
+    signal goes on to whatever handled it before (KeyboardInterrupt, or the end)."""
+    cancel = _Cancel()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel  # only the main thread may set signal handlers
+        return
+    # A signal this process ignores, or whose handler is not Python's, stays as it is.
+    previous = {signum: signal.signal(signum, cancel.handler) for signum in (signal.SIGTERM, signal.SIGINT)
+                if signal.getsignal(signum) not in (None, signal.SIG_IGN)}
+    try:
+        yield cancel
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if cancel.received:
+        signal.raise_signal(cancel.received[0])
 
 
 # --- the local docker-host cluster ----------------------------------------------------------
@@ -492,5 +676,5 @@ def _local_inventory(project: Path, inventory_dir: str | Path | None) -> Path:
 
 __all__: Iterable[str] = [
     "Cluster", "Job", "Plan", "RankPlan", "RunResult", "RankResult", "PlaybookResult", "HostResult",
-    "Failure", "find_project", "local_up", "local_down",
+    "Failure", "find_project", "local_up", "local_down", "remove_stale_private_folders",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -148,11 +149,19 @@ def _job(args: argparse.Namespace) -> api.Job:
         if not sep:
             raise InventoryError(f"--env {item!r}: expected KEY=VALUE", variable="launch_extra_env")
         env[key] = value
+    secret_env = {}
+    for name in getattr(args, "secret_env", None) or []:
+        # The value comes from this process's environment, never from its command line.
+        if name not in os.environ:
+            raise InventoryError(f"--secret-env {name}: {name} is not set in this environment",
+                                 variable="launch_secret_env")
+        secret_env[name] = os.environ[name]
     script_args = list(getattr(args, "script_args", None) or [])
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     return api.Job(args=script_args or None, workload=getattr(args, "workload", None),
-                   name=getattr(args, "job", None), env=env or None, timeout=getattr(args, "timeout", None),
+                   name=getattr(args, "job", None), env=env or None, secret_env=secret_env or None,
+                   timeout=getattr(args, "timeout", None),
                    run_id=getattr(args, "run_id", None), master_port=getattr(args, "master_port", None))
 
 
@@ -212,6 +221,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", help="training script on this machine (default: the inventory's launch_workload)")
     p.add_argument("--job", help="job name (containers of an earlier crashed run of it are removed first)")
     p.add_argument("--env", dest="env_vars", action="append", metavar="KEY=VALUE", help="more rank environment")
+    p.add_argument("--secret-env", action="append", metavar="NAME",
+                   help="pass this environment variable's value to the ranks as a secret (never shown)")
     p.add_argument("--master-port", type=int, help="MASTER_PORT")
     p.add_argument("--timeout", type=int, help="seconds before a hung job is stopped")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")

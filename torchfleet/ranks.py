@@ -185,6 +185,11 @@ def rank_table(hosts: Iterable[Mapping[str, Any]], port: Any = 29500) -> dict[st
     }
 
 
+# What rank_env sets itself; neither launch_extra_env nor launch_secret_env may change it.
+RANK_ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                  "NODE_RANK", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
+
+
 def rank_env(row: Mapping[str, Any], table: Mapping[str, Any], interface: str, omp_threads: Any,
              extra: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The environment one rank gets. Every value is a string (docker's env wants strings)."""

@@ -4,6 +4,7 @@ Without systemd (as here) every rank is a shell in its own session that records 
 rank's exit code; these tests start real processes and read what the module reports.
 """
 
+import hashlib
 import os
 import signal
 import sys
@@ -52,7 +53,9 @@ def test_a_failing_rank_reports_its_own_exit_code(tmp_path):
 
 def test_a_rank_killed_by_a_signal_reports_128_plus_the_signal(tmp_path):
     _start(tmp_path, 2, "import time; print('up', flush=True); time.sleep(60)")
-    _until(tmp_path, lambda f: f and "up" in (tmp_path / "rank-2.log").read_text())
+    log = tmp_path / "rank-2.log"
+    # The shell creates the log a moment after the meta file appears.
+    _until(tmp_path, lambda f: f and log.exists() and "up" in log.read_text())
     shell = int((tmp_path / "rank-2.pid").read_text())
     child = int(open(f"/proc/{shell}/task/{shell}/children").read().split()[0])
     os.kill(child, signal.SIGTERM)
@@ -102,3 +105,36 @@ def test_a_cpuset_pins_the_rank(tmp_path):
     _start(tmp_path, 0, "import os; print(sorted(os.sched_getaffinity(0)))", cpuset=str(cpu))
     _until(tmp_path, lambda f: f and not f[0]["running"])
     assert (tmp_path / "rank-0.log").read_text().strip() == f"[{cpu}]"
+
+
+def test_the_secret_env_reaches_the_rank_through_a_private_file_that_then_goes(tmp_path, monkeypatch):
+    secret = "tfleak-unit 'quoted' $HOME\nsecond line"
+    # The rank compares a digest, so its own command line holds no secret either.
+    code = ("import hashlib, os, time; ok = hashlib.sha256(os.environ['API_TOKEN'].encode()).hexdigest() == %r;"
+            " print('token ok' if ok else 'token WRONG', flush=True); time.sleep(60)"
+            % hashlib.sha256(secret.encode()).hexdigest())
+    entry = {"rank": 0, "name": "rank-0", "job": "unit", "argv": [sys.executable, "-c", code], "env": {"RANK": "0"}}
+    seen = {}
+    real_popen = rp.subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        # What the supervising shell is started with: its command line and the file beside it.
+        seen["cmd"] = cmd
+        seen["mode"] = oct(os.stat(kwargs["env"]["TF_SECRETS"]).st_mode & 0o777)
+        return real_popen(cmd, **kwargs)
+
+    monkeypatch.setattr(rp.subprocess, "Popen", popen)
+    rp.start(None, str(tmp_path), entry, {"API_TOKEN": secret})
+    log = tmp_path / "rank-0.log"
+    _until(tmp_path, lambda f: log.exists() and "token" in log.read_text())
+    shell = int((tmp_path / "rank-0.pid").read_text())
+    rank = int(open(f"/proc/{shell}/task/{shell}/children").read().split()[0])
+    try:
+        assert log.read_text().strip() == "token ok"
+        assert seen["mode"] == "0o600"
+        assert not (tmp_path / "rank-0.secret").exists()
+        for pid in (shell, rank):
+            assert b"tfleak-unit" not in open(f"/proc/{pid}/cmdline", "rb").read()
+        assert all("tfleak-unit" not in str(part) for part in seen["cmd"])
+    finally:
+        os.killpg(shell, signal.SIGKILL)

@@ -3,7 +3,7 @@
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import cpus, netif, overlay, ranks
+from torchfleet import cpus, netif, overlay, ranks, redact
 from torchfleet.errors import InventoryError
 
 
@@ -44,6 +44,22 @@ def address_network(address, ip_addr, host):
 def rank_env(row, table, interface, omp_threads, extra=None):
     """The environment of one rank, all values strings."""
     return ranks.rank_env(row, table, interface, omp_threads, extra)
+
+
+def split_env(env, secret=None):
+    """The rank environment's open part, secret part and what may be shown (torchfleet.redact)."""
+    return redact.split_env(env, secret)
+
+
+def check_env(env, secret=None, host=None):
+    """True, or an error naming the host and the variable; names only, never a value."""
+    redact.check_env(env, secret, host)
+    return True
+
+
+def redact_url(text):
+    """``text`` with the credentials of every URL in it replaced by ***."""
+    return redact.redact(text)
 
 
 def cpu_plan(topology, host, ranks_on_node, cores_per_rank=0, use_hyperthreads=False, reserved="", cpusets=None):
@@ -97,4 +113,7 @@ class FilterModule:
             "overlay_state": _wrap(overlay_state),
             "overlay_interface_address": _wrap(overlay_interface_address),
             "overlay_unreachable": _wrap(overlay_unreachable),
+            "split_env": _wrap(split_env),
+            "check_env": _wrap(check_env),
+            "redact_url": redact_url,
         }

@@ -54,6 +54,14 @@ REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK
 FRACTION = re.compile(r"^(\S+?T\d\d:\d\d:\d\d)(?:\.(\d+))?Z (.*)$")
 
 
+def reported_env(env, labels):
+    """The part of a container's env worth a report; a secret variable (the launch names
+    them in a label, with what may be shown: a redacted URL, or a placeholder) shows that."""
+    shown = json.loads(labels.get("torchfleet.secret_env") or "{}")
+    pairs = (e.split("=", 1) for e in env if REPORTED_ENV.match(e))
+    return {name: shown.get(name, value) for name, value in pairs}
+
+
 def _cli(module, *args, check=True):
     rc, out, err = module.run_command([module.params["docker_cli"], *args])
     if check and rc != 0:
@@ -117,7 +125,7 @@ def find(module):
                 "mounts": sorted(f"{m['Source']}:{m['Destination']}" + ("" if m.get("RW", True) else ":ro")
                                  for m in item.get("Mounts") or []),
                 "oom_kill_disable": bool(item["HostConfig"].get("OomKillDisable")),
-                "env": dict(e.split("=", 1) for e in item["Config"].get("Env") or [] if REPORTED_ENV.match(e)),
+                "env": reported_env(item["Config"].get("Env") or [], labels),
             }
         )
     return sorted(found, key=lambda c: c["rank"])

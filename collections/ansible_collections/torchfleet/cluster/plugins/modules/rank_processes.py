@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -38,6 +39,13 @@ options:
     type: list
     elements: dict
     default: []
+  secret_env:
+    description:
+      - For I(state=started), environment every process gets that must not show on a command
+        line (systemd-run's --setenv) or in a file others can read. Each process's shell reads
+        it from a file of mode 0600, then deletes the file.
+    type: dict
+    default: {}
   recurse:
     description: With I(state=absent), stop the processes of every run below I(run_dir).
     type: bool
@@ -91,18 +99,32 @@ def _tail(path, lines):
         return ""
 
 
-# The supervising shell sends the rank's output to its log and records its exit code,
-# also when a signal kills the rank (128 + signal, as a shell reports it).
-WRAPPER = 'exec >>"$0" 2>&1; "$@"; code=$?; echo $code > "$TF_EXIT.tmp" && mv "$TF_EXIT.tmp" "$TF_EXIT"'
+# The supervising shell sends the rank's output to its log, reads the secret environment
+# (and deletes its file), and records the rank's exit code, also when a signal kills the
+# rank (128 + signal, as a shell reports it).
+WRAPPER = ('exec >>"$0" 2>&1; '
+           'if [ -n "$TF_SECRETS" ]; then set -a; . "$TF_SECRETS"; set +a; rm -f "$TF_SECRETS"; unset TF_SECRETS; fi; '
+           '"$@"; code=$?; echo $code > "$TF_EXIT.tmp" && mv "$TF_EXIT.tmp" "$TF_EXIT"')
 
 
-def start(module, run_dir, entry):
+def write_secrets(path, secret_env):
+    """The secret environment as shell assignments, in a file only its owner can read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.writelines(f"{name}={shlex.quote(str(value))}\n" for name, value in secret_env.items())
+
+
+def start(module, run_dir, entry, secret_env=None):
     base = os.path.join(run_dir, entry["name"])
     argv = [str(a) for a in entry["argv"]]
     if entry.get("cpuset"):
         argv = ["taskset", "--cpu-list", str(entry["cpuset"])] + argv
     env = {k: str(v) for k, v in (entry.get("env") or {}).items()}
     env["TF_EXIT"] = base + ".exit"
+    if secret_env:
+        write_secrets(base + ".secret", secret_env)
+        env["TF_SECRETS"] = base + ".secret"
     cwd = entry.get("cwd") or run_dir
     with open(base + ".meta", "w") as fh:
         fh.write(f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
@@ -178,6 +200,7 @@ def main():
             "run_dir": {"type": "path", "required": True},
             "state": {"type": "str", "choices": ["started", "status", "absent"], "default": "status"},
             "ranks": {"type": "list", "elements": "dict", "default": []},
+            "secret_env": {"type": "dict", "default": {}, "no_log": True},
             "recurse": {"type": "bool", "default": False},
             "job": {"type": "str"},
             "tail_lines": {"type": "int", "default": 15},
@@ -188,7 +211,7 @@ def main():
     if state == "started":
         os.makedirs(run_dir, exist_ok=True)
         for entry in module.params["ranks"]:
-            start(module, run_dir, entry)
+            start(module, run_dir, entry, module.params["secret_env"])
         module.exit_json(changed=True, containers=find(module, run_dir))
 
     if not os.path.isdir(run_dir):
