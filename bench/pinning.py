@@ -1,66 +1,190 @@
 #!/usr/bin/env python3
-"""Pinned against unpinned: the same 2-rank job on one docker host of the local cluster.
+"""CPU pinning on one node, measured in one run: torchfleet's pinning against none, against
+PyTorch's own single-node launcher, and with each memory allocator.
 
-  pinned:   cpu_pinning on, one core and one thread per rank (what torchfleet plans);
-  unpinned: no cpuset, OMP_NUM_THREADS = the node's CPUs, torch's own default, so two
-            ranks run four threads on two cores.
+Every variant runs the same --ranks processes at once, each training the FashionMNIST CNN of
+files/workloads/mnist.py on random batches, over the same wall-clock window (after a warm-up,
+from a common start time). Two measures: throughput, the samples per second of all of them
+together, and samples per CPU-second the processes used; the second holds up better on a
+machine that other work shares. Ratios are the median over rounds of the two variants'
+ratio in the same round (the order of the variants flips every round).
 
-Each variant runs --rounds times, alternating; throughput is rank 0's training steps per
-second between its first and last logged step. Run from the repository root with the
-venv active, after ./scripts/demo.sh (or playbooks/local_cluster.yml and site.yml).
+  unpinned      no affinity, torch's default thread count (the node's cores) in every process;
+  torchfleet    each process under `taskset` with the cpuset and OMP_NUM_THREADS that
+                torchfleet.cpus.allocate() gives it from this node's lscpu, affinity and
+                memory nodes, as the process mode launches it;
+  run_cpu       `python -m torch.backends.xeon.run_cpu` with the same cores (--core-list, one
+                instance per rank, its default numactl binding) and the default allocator;
+  +jemalloc / +tcmalloc   torchfleet's pinning with the allocator preloaded (Debian's
+                libjemalloc2 with run_cpu's MALLOC_CONF, libgoogle-perftools4), when installed.
+
+The variants alternate for --rounds rounds and the median counts. Needs torch in the venv
+(`pip install torch==2.13.0`). Run from the repository root: python bench/pinning.py
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from torchfleet.report import parse_steps, parse_time  # noqa: E402
+from torchfleet import cpus
 
-RUNS = ROOT / ".torchfleet" / "bench" / "pinning-runs"
+HERE = Path(__file__).resolve()
+# run_cpu's own jemalloc settings; Debian's libraries live where run_cpu does not look.
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+ALLOCATORS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc.so.4"}
 
 
-def launch(name: str, pinned: bool, epochs: int) -> float:
-    extra = {
-        "launch_job": "bench-pinning",
-        "launch_run_id": name,
-        "torchfleet_procs_per_node": 2,
-        "cpu_pinning": pinned,
-        "launch_omp_num_threads": 0 if pinned else os.cpu_count(),
-        "launch_args": ["--epoch", str(epochs), "--log-interval", "1"],
-    }
-    out = subprocess.run(
-        ["ansible-playbook", "playbooks/launch.yml", "--limit", "node-1", "-e", json.dumps(extra)],
-        cwd=ROOT, env=dict(os.environ, TORCHFLEET_RUNS_DIR=str(RUNS)), capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(out.stdout[-3000:] + out.stderr[-2000:])
-    steps = parse_steps((RUNS / name / "rank-0.log").read_text())
-    seconds = (parse_time(steps[-1]["time"]) - parse_time(steps[0]["time"])).total_seconds()
-    return (len(steps) - 1) / seconds
+def worker(args: argparse.Namespace) -> None:
+    """One process: warm up, wait for the common start, train for --seconds, write the rate."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):  # the CNN of files/workloads/mnist.py
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+            self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+            self.fc1 = nn.Linear(32 * 7 * 7, 64)
+            self.fc2 = nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+            x = F.relu(self.fc1(torch.flatten(x, 1)))
+            return F.log_softmax(self.fc2(x), dim=1)
+
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    data, target = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+
+    def step():
+        optimizer.zero_grad()
+        F.nll_loss(model(data), target).backward()
+        optimizer.step()
+
+    for _ in range(5):
+        step()
+    time.sleep(max(0.0, args.start_at - time.time()))
+    steps, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < args.seconds:
+        step()
+        steps += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    result = {"samples": steps * args.batch, "rate": steps * args.batch / wall, "cpu_s": cpu, "affinity": cpus.format_cpulist(os.sched_getaffinity(0)),
+              "threads": torch.get_num_threads(), "preload": os.environ.get("LD_PRELOAD", "")}
+    Path(args.out, f"{os.getpid()}.json").write_text(json.dumps(result))
+
+
+def node_plan(ranks: int) -> list[dict]:
+    """torchfleet's plan for this node, from the facts its cpu_topology module reads."""
+    lscpu = subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET,NODE,ONLINE", "--all"], check=True,
+                           capture_output=True, text=True).stdout
+    memory = None
+    for name in ("has_memory", "online"):
+        path = Path("/sys/devices/system/node", name)
+        if path.exists():
+            memory = path.read_text().strip()
+            break
+    return cpus.allocate("this node", cpus.parse_lscpu(lscpu), ranks, allowed=sorted(os.sched_getaffinity(0)),
+                         memory_nodes=memory)
+
+
+def run_variant(name: str, plan: list[dict], args: argparse.Namespace) -> tuple[float, float, list[dict]]:
+    out = tempfile.mkdtemp(prefix="torchfleet-bench-pinning-")
+    start_at = time.time() + args.warmup
+    me = [sys.executable, "-u", str(HERE), "--worker", "--out", out, "--start-at", str(start_at),
+          "--seconds", str(args.seconds), "--batch", str(args.batch)]
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF")}
+    procs = []
+    # Each process in its own session, as rank_processes and run_cpu start them: with the
+    # kernel's autogroup scheduling, processes sharing a session share one CPU share.
+    if name == "unpinned":
+        procs = [subprocess.Popen(me, env=base, start_new_session=True) for _ in plan]
+    elif name == "run_cpu":
+        # The same cores as torchfleet's plan, one instance per rank.
+        cores = [c for p in plan for c in cpus.parse_cpulist(p["cpuset"])]
+        cmd = [sys.executable, "-m", "torch.backends.xeon.run_cpu", "--ninstances", str(len(plan)),
+               "--ncores-per-instance", str(len(cores) // len(plan)), "--core-list", ",".join(map(str, cores)),
+               "--use-default-allocator", "--log-path", out, str(HERE)] + me[3:]
+        procs = [subprocess.Popen(cmd, env=base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    else:
+        env = dict(base)
+        if name != "torchfleet":
+            env["LD_PRELOAD"] = library(name.lstrip("+"))
+            if name == "+jemalloc":
+                env["MALLOC_CONF"] = JEMALLOC_CONF
+        for p in plan:
+            procs.append(subprocess.Popen(["taskset", "--cpu-list", p["cpuset"]] + me, start_new_session=True,
+                                          env=dict(env, OMP_NUM_THREADS=str(p["omp_num_threads"]))))
+    for proc in procs:
+        if proc.wait() != 0:
+            sys.exit(f"{name}: a process exited with {proc.returncode}")
+    results = [json.loads(Path(f).read_text()) for f in sorted(glob.glob(f"{out}/*.json"))]
+    if len(results) != len(plan):
+        sys.exit(f"{name}: {len(results)} of {len(plan)} processes reported")
+    return sum(r["rate"] for r in results), sum(r["samples"] for r in results) / sum(r["cpu_s"] for r in results), results
+
+
+def library(name: str) -> str:
+    found = glob.glob(f"/usr/lib/*/{ALLOCATORS[name]}") + glob.glob(f"/usr/lib/{ALLOCATORS[name]}")
+    return found[0] if found else ""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2, help="processes per variant")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured window per round")
+    parser.add_argument("--warmup", type=float, default=12.0, help="seconds until the common start")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"pinned": [], "unpinned": []}
+    if args.worker:
+        worker(args)
+        return
+
+    plan = node_plan(args.ranks)
+    variants = ["unpinned", "torchfleet", "run_cpu"]
+    missing = [n for n in ALLOCATORS if not library(n)]
+    variants += [f"+{n}" for n in ALLOCATORS if n not in missing]
+    print(f"{args.ranks} ranks on {os.cpu_count()} CPUs; torchfleet's plan: "
+          + ", ".join(f"{p['cpuset']} ({p['omp_num_threads']} threads, mems {p['cpuset_mems'] or '-'})" for p in plan))
+    if missing:
+        print(f"not installed, so not measured: {', '.join(missing)} (Debian: libjemalloc2, libgoogle-perftools4)")
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    per_cpu: dict[str, list[float]] = {v: [] for v in variants}
     for i in range(args.rounds):
-        for variant in ("pinned", "unpinned"):
-            rate = launch(f"{variant}-{i}", variant == "pinned", args.epochs)
-            results[variant].append(rate)
-            print(f"  round {i + 1} {variant:<9} {rate:6.2f} steps/s", flush=True)
-    pinned, unpinned = (statistics.median(results[k]) for k in ("pinned", "unpinned"))
-    print(f"\n{'variant':<12}{'median steps/s':>16}")
-    print(f"{'pinned':<12}{pinned:>16.2f}\n{'unpinned':<12}{unpinned:>16.2f}")
-    print(f"\nthroughput ratio pinned / unpinned: {pinned / unpinned:.2f}")
+        for name in variants if i % 2 == 0 else variants[::-1]:
+            rate, efficiency, results = run_variant(name, plan, args)
+            rates[name].append(rate)
+            per_cpu[name].append(efficiency)
+            seen = " ".join(f"[{r['affinity']}:{r['threads']}t]" for r in results)
+            print(f"  round {i + 1}  {name:<11} {rate:8.1f} samples/s {efficiency:8.1f} per CPU-s  "
+                  f"affinity:threads {seen}  load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"\n{'variant':<12}{'samples/s':>12}{'per CPU-s':>12}   (medians)")
+    for name in variants:
+        print(f"{name:<12}{statistics.median(rates[name]):>12.1f}{statistics.median(per_cpu[name]):>12.1f}")
+    print(f"\n{'ratio':<40}{'samples/s':>10}{'per CPU-s':>11}")
+    ratios = [("torchfleet / unpinned", "torchfleet", "unpinned"),
+              ("torchfleet / run_cpu (goal >= 0.95)", "torchfleet", "run_cpu")]
+    ratios += [(f"torchfleet {v} / default malloc", v, "torchfleet") for v in variants if v.startswith("+")]
+    for label, a, b in ratios:
+        wall = statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+        cpu = statistics.median(x / y for x, y in zip(per_cpu[a], per_cpu[b]))
+        print(f"{label:<40}{wall:>10.2f}{cpu:>11.2f}")
 
 
 if __name__ == "__main__":
