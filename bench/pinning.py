@@ -45,23 +45,16 @@ ALLOCATORS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc.so.4"}
 
 def worker(args: argparse.Namespace) -> None:
     """One process: warm up, wait for the common start, train for --seconds, write the rate."""
+    import importlib.util
+
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 
-    class Net(nn.Module):  # the CNN of files/workloads/mnist.py
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-            self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-            self.fc1 = nn.Linear(32 * 7 * 7, 64)
-            self.fc2 = nn.Linear(64, 10)
-
-        def forward(self, x):
-            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-            x = F.relu(self.fc1(torch.flatten(x, 1)))
-            return F.log_softmax(self.fc2(x), dim=1)
+    # The bundled workload's own CNN, loaded by path so the bench measures exactly that model.
+    spec = importlib.util.spec_from_file_location("mnist", HERE.parents[1] / "files" / "workloads" / "mnist.py")
+    mnist = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mnist)
+    Net = mnist.Net
 
     torch.manual_seed(0)
     model = Net()
