@@ -128,7 +128,9 @@ def test_the_folder_and_ansible_playbook_go_on_a_signal(project, signum):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
         time.sleep(0.2)
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=30)
+    # At worst: ansible-playbook's grace, ansible-runner's 5 s wait for its output to end,
+    # and the grace of what is left (GRACE_S each).
+    _, stderr = proc.communicate(timeout=2 * api.GRACE_S + 5 + 30)
     # The signal went on to Python's own handling: the end of the process, or a
     # KeyboardInterrupt that Python turns back into death by SIGINT.
     assert proc.returncode == -signum
