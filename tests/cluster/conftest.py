@@ -43,8 +43,9 @@ def inventory_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster(inventory_dir, runs_dir):
     """Two docker hosts, created through the API; removed at the end."""
+    # The nodes load the image from the archive folder they share with this machine.
     cluster, _ = torchfleet.local_up(2, name=NAME, subnet=SUBNET, inventory_dir=inventory_dir,
-                                     runs_dir=runs_dir, env=ENV)
+                                     runs_dir=runs_dir, env=ENV, extra_vars={"image_archive_on_node": True})
     yield cluster
     torchfleet.local_down(name=NAME, inventory_dir=inventory_dir, env=ENV)
 
