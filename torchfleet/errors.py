@@ -25,6 +25,13 @@ class InventoryError(TorchfleetError, ValueError):
         super().__init__(f"{prefix}{message}", host, task)
 
 
+class WorkloadError(InventoryError):
+    """A workload (the user's training file or folder) that cannot be shipped or started."""
+
+    def __init__(self, message: str, *, variable: str = "launch_workload"):
+        super().__init__(message, variable=variable)
+
+
 class TaskFailed(TorchfleetError):
     """A task failed on a host; ``failures`` lists every failure of the playbook run."""
 

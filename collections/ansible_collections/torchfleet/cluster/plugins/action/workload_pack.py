@@ -1,0 +1,76 @@
+"""Pack the workload into one deterministic tar on the controller, and say how to start it."""
+
+from pathlib import Path
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from torchfleet import workload
+from torchfleet.errors import InventoryError
+
+DOCUMENTATION = r"""
+module: workload_pack
+short_description: Pack a workload file or folder into a tar on the controller
+description:
+  - Writes the workload's files (less .git, __pycache__, *.pyc and the patterns of its
+    .torchfleetignore) to a tar whose bytes depend only on the files' paths, contents and
+    executable bits, so an unchanged workload gives the same checksum.
+  - Returns the command the ranks run from the unpacked workload folder.
+    Fails with the variable named on bad input.
+options:
+  src:
+    description: The workload, a training script or a folder, on the controller.
+    type: path
+    required: true
+  dest:
+    description: The tar to write; its folder is created if missing.
+    type: path
+    required: true
+  entrypoint:
+    description:
+      - The script to run, relative to the folder (C(train.py)), or C(-m package.module).
+      - May be empty only when I(src) is a file.
+    type: str
+    default: ""
+  python:
+    description: The Python that runs the entrypoint on the nodes.
+    type: str
+    required: true
+"""
+
+ARGUMENT_SPEC = {
+    "src": {"type": "path", "required": True},
+    "dest": {"type": "path", "required": True},
+    "entrypoint": {"type": "str", "default": ""},
+    "python": {"type": "str", "required": True},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
+        if validated.error_messages:
+            result.update(failed=True, msg="workload_pack: " + "; ".join(validated.error_messages))
+            return result
+        args = validated.validated_parameters
+        try:
+            # The entrypoint first: a bad one leaves no archive behind.
+            argv = workload.entrypoint_argv(args["src"], args["entrypoint"], args["python"])
+            Path(args["dest"]).parent.mkdir(parents=True, exist_ok=True)
+            packed = workload.pack(args["src"], args["dest"])
+        except InventoryError as exc:
+            result.update(failed=True, msg=str(exc),
+                          torchfleet_error={"kind": "input", "host": None, "variable": exc.variable})
+            return result
+        except OSError as exc:
+            # An unreadable file or unwritable dest: a message, not a traceback.
+            result.update(failed=True, msg=f"workload_pack {args['src']} -> {args['dest']}: {exc}")
+            return result
+        result.update(changed=False, archive=packed["archive"], sha256=packed["sha256"],
+                      files=packed["files"], argv=argv)
+        return result
