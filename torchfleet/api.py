@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import sys
@@ -21,17 +20,17 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from torchfleet.errors import HostUnreachable, InventoryError, JobFailed, TaskFailed, TorchfleetError
+from torchfleet.spec import new_run_id
 
-# Tasks whose failure means bad input rather than a broken node: argument specs, the
-# launch preflight and the CPU plan. Nothing has been changed when one of them fails.
-_INPUT_TASK_PATHS = re.compile(r"/roles/[^/]+/tasks/(validate|preflight\w*|plan)\.yml:|/roles/cpu_pinning/")
-_INPUT_ACTIONS = {"validate_argument_spec", "ansible.builtin.validate_argument_spec", "torchfleet.cluster.rank_plan"}
+# Argument specs report bad input in their own shape; every other input check of
+# torchfleet's returns ``torchfleet_error`` with its kind, host and variable.
+_ARGUMENT_SPEC_ACTIONS = {"validate_argument_spec", "ansible.builtin.validate_argument_spec"}
 _VARIABLE = re.compile(
     r"\b((?:torchfleet|launch|image|dataset|cpu_pinning|tls_pki|container_runtime|local_cluster|"
     r"kubelet_cpu_manager|ssh_mesh|python_env)_[a-z0-9_]+|gloo_tls|sgx_devices|GLOO_TCP_IFACE)\b"
@@ -62,8 +61,10 @@ class Failure:
     message: str
     unreachable: bool = False
     action: str = ""
-    task_path: str = ""
     variable: str | None = None
+    # input: the inventory or the variables are wrong, and nothing was changed; node: a
+    # node failed a command or is not in the state the launch needs.
+    kind: str = "node"
 
 
 @dataclass
@@ -99,40 +100,71 @@ class PlaybookResult:
 
 @dataclass
 class RankPlan:
+    """One rank of the launch spec (torchfleet.spec.RankSpec): what it runs and sees."""
+
     rank: int
     host: str
-    address: str
-    interface: str
     node_rank: int
     local_rank: int
     local_world_size: int
-    omp_num_threads: int
+    address: str
+    interface: str
+    runner: str
+    unit: str
+    argv: list[str]
+    workdir: str
+    env: dict[str, str]
+    secret_env: list[str]
+    runner_env: list[str]
     cpuset: str | None
     cpuset_mems: str | None
-    runtime_ready: bool
-    env: dict[str, str]
+    threads: int
+    mounts: list[dict[str, Any]]
+    devices: list[str]
+    user: str | None
+    runtime_ready: bool = False
+
+    @property
+    def omp_num_threads(self) -> int:
+        return self.threads
 
 
 @dataclass
 class Plan:
-    run_id: str
-    launch_mode: str
-    image: str
-    master_host: str
-    master_addr: str
-    master_port: int
-    world_size: int
-    num_nodes: int
+    """The launch spec a launch with the same input runs, as ``torchfleet plan --json``
+    shows it (``spec``), plus whether each node can run its ranks yet (``ready``)."""
+
+    spec: dict[str, Any]
     ranks: list[RankPlan]
-    # tcp, or wireguard: the ranks talk only over the overlay (addresses are overlay addresses).
-    transport: str = "tcp"
+    warnings: list[dict[str, Any]]
+    ready: dict[str, bool]
+
+    @classmethod
+    def from_view(cls, view: Mapping[str, Any]) -> "Plan":
+        spec = {k: v for k, v in view.items() if k != "ready"}
+        ready = {str(h): bool(v) for h, v in (view.get("ready") or {}).items()}
+        ranks = [RankPlan(**{k: r.get(k) for k in RankPlan.__dataclass_fields__ if k != "runtime_ready"},
+                          runtime_ready=ready.get(r["host"], False)) for r in spec["ranks"]]
+        return cls(spec=spec, ranks=ranks, warnings=list(spec.get("warnings") or []), ready=ready)
+
+    def __getattr__(self, name: str) -> Any:
+        # run_id, mode, transport, image, master_host, master_addr, master_port, world_size,
+        # num_nodes, units, watch, files, phases: the spec's own fields.
+        spec = self.__dict__.get("spec") or {}
+        if name in spec:
+            return spec[name]
+        raise AttributeError(name)
+
+    @property
+    def launch_mode(self) -> str:
+        return self.spec["mode"]
 
     @property
     def master(self) -> str:
-        return f"{self.master_addr}:{self.master_port}"
+        return f"{self.spec['master_addr']}:{self.spec['master_port']}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(asdict(self), master=self.master)
+        return dict(self.spec, ready=self.ready)
 
 
 @dataclass
@@ -203,6 +235,8 @@ class Job:
 
     args: Sequence[str] | None = None
     workload: str | Path | None = None
+    # A script in the workload folder, or "-m package.module" (launch_entrypoint).
+    entrypoint: str | None = None
     name: str | None = None
     env: Mapping[str, str] | None = None
     # Reaches the ranks, never the plan, the report or a command line (launch_secret_env).
@@ -218,6 +252,8 @@ class Job:
             out["launch_args"] = [str(a) for a in self.args]
         if self.workload is not None:
             out["launch_workload"] = str(Path(self.workload).resolve())
+        if self.entrypoint is not None:
+            out["launch_entrypoint"] = self.entrypoint
         if self.name is not None:
             out["launch_job"] = self.name
         if self.env is not None:
@@ -255,18 +291,21 @@ class _Collector:
             message = str(res.get("msg") or res.get("stderr") or res.get("reason") or "failed").strip()
             host = res.get("host") if isinstance(res.get("host"), str) else None
             match = _HOST_PREFIX.match(message)
-            variable = res.get("variable") if isinstance(res.get("variable"), str) else None
-            if not variable:
+            typed = res.get("torchfleet_error") if isinstance(res.get("torchfleet_error"), dict) else {}
+            variable = typed.get("variable") or (res.get("variable") if isinstance(res.get("variable"), str) else None)
+            action = data.get("task_action", "")
+            is_input = typed.get("kind") == "input" or (action in _ARGUMENT_SPEC_ACTIONS and "argument_errors" in res)
+            if not variable and is_input:
                 found = _VARIABLE.search(message)
                 variable = found.group(1) if found else None
             self.failures.append(Failure(
-                host=host or (match.group(1) if match else data.get("host", "?")),
+                host=typed.get("host") or host or (match.group(1) if match else data.get("host", "?")),
                 task=data.get("task", ""),
                 message=message,
                 unreachable=kind == "runner_on_unreachable",
-                action=data.get("task_action", ""),
-                task_path=data.get("task_path", ""),
+                action=action,
                 variable=variable,
+                kind="input" if is_input else "node",
             ))
         elif kind == "runner_on_ok":
             res = data.get("res") or {}
@@ -324,13 +363,7 @@ class Cluster:
         view = collected.debug_vars.get("launch_plan_view")
         if not view:
             raise TorchfleetError("the plan playbook returned no plan")
-        ranks = [RankPlan(**{k: r.get(k) for k in RankPlan.__dataclass_fields__}) for r in view["ranks"]]
-        return Plan(
-            run_id=view["run_id"], launch_mode=view["launch_mode"], image=view["image"],
-            master_host=view["master_host"], master_addr=view["master_addr"],
-            master_port=int(view["master_port"]), world_size=int(view["world_size"]),
-            num_nodes=int(view["num_nodes"]), ranks=ranks, transport=view.get("transport", "tcp"),
-        )
+        return Plan.from_view(view)
 
     def provision(self, **extra_vars: Any) -> PlaybookResult:
         """Run site.yml: container runtime, image, dataset (and TLS when asked)."""
@@ -341,11 +374,15 @@ class Cluster:
     def launch(self, job: Job | None = None) -> RunResult:
         """Run one job; returns its report or raises JobFailed carrying it."""
         job = job or Job()
-        run_id = job.run_id or (datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2))
+        run_id = job.run_id or new_run_id()
         variables = dict(job.to_vars(), launch_run_id=run_id)
         result, _ = self._run("playbooks/launch.yml", f"launch {run_id}", variables)
         run_dir = self.runs_dir / run_id
         run = RunResult.load(run_dir) if (run_dir / "summary.json").is_file() else None
+        others = [f for f in result.failures if not f.action.endswith("job_report")]
+        if run is not None and others and all(r.outcome == "not started" for r in run.ranks):
+            # Nothing ran: the task that kept the ranks from starting is the error, not the job.
+            self._raise_for(dataclasses.replace(result, failures=others), "launch")
         if run is not None and not run.ok:
             culprit = next((f for f in result.failures if f.action.endswith("job_report")), None)
             failure = culprit or (result.failures[0] if result.failures else None)
@@ -450,7 +487,7 @@ class Cluster:
         first = result.failures[0]
         if first.unreachable:
             raise HostUnreachable(first.message, first.host, first.task, result.playbook, result.failures)
-        if first.action in _INPUT_ACTIONS or _INPUT_TASK_PATHS.search(first.task_path + ":"):
+        if first.kind == "input":
             raise InventoryError(first.message, first.host, first.variable, first.task)
         raise TaskFailed(first.message, first.host, first.task, result.playbook, result.failures)
 

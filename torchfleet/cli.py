@@ -65,18 +65,22 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         out.print(f"[bold]MASTER_ADDR:MASTER_PORT[/] {plan.master}   world size {plan.world_size} on "
                   f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   transport {plan.transport}   "
-                  f"image {escape(plan.image)}")
-        table = Table("rank", "host", "address", "interface", "local", "cpuset", "mems", "threads", "runtime")
+                  f"image {escape(str(plan.image or '-'))}")
+        table = Table("rank", "host", "address", "interface", "local", "cpuset", "mems", "threads", "runs as",
+                      "runtime")
         for r in plan.ranks:
             table.add_row(str(r.rank), r.host, r.address, r.interface, f"{r.local_rank}/{r.local_world_size}",
-                          r.cpuset or "unpinned", r.cpuset_mems or "-", str(r.omp_num_threads),
+                          r.cpuset or "unpinned", r.cpuset_mems or "-", str(r.threads), r.runner,
                           "ready" if r.runtime_ready else "[yellow]missing (run up)[/]")
         out.print(table)
         if args.env:
             for r in plan.ranks:
-                out.print(f"[bold]rank {r.rank}[/] " + " ".join(f"{k}={escape(v)}" for k, v in r.env.items()))
+                out.print(f"[bold]rank {r.rank}[/] argv {escape(' '.join(r.argv))}   cwd {escape(r.workdir)}")
+                out.print("  " + " ".join(f"{k}={escape(v)}" for k, v in r.env.items()))
         else:
-            out.print("Each rank's environment: torchfleet plan --env (or --json). Nothing was changed.")
+            out.print("Each rank's command and environment: torchfleet plan --env (or --json). Nothing was changed.")
+        for w in plan.warnings:
+            Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning[/] {escape(w['message'])}")
     return {"ok": True, "plan": plan.to_dict()}
 
 
@@ -160,6 +164,7 @@ def _job(args: argparse.Namespace) -> api.Job:
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     return api.Job(args=script_args or None, workload=getattr(args, "workload", None),
+                   entrypoint=getattr(args, "entrypoint", None),
                    name=getattr(args, "job", None), env=env or None, secret_env=secret_env or None,
                    timeout=getattr(args, "timeout", None),
                    run_id=getattr(args, "run_id", None), master_port=getattr(args, "master_port", None))
@@ -190,7 +195,8 @@ def _print_run(run: api.RunResult) -> None:
                       "-" if r.last_loss is None else f"{r.last_loss:.4f}", r.cpuset or "-", r.cpuset_mems or "-")
     out.print(table)
     if run.ok:
-        out.print(f"checksums equal on every rank: {'yes' if run.checksums_equal else '[red]no[/]'}")
+        if run.checksums_equal is not None:
+            out.print(f"checksums equal on every rank: {'yes' if run.checksums_equal else '[red]no[/]'}")
     for label, path in (("logs, summary", run.run_dir), ("loss plot", run.loss_plot), ("model", run.model)):
         if path:
             out.print(f"{label}: {escape(path)}")
@@ -209,21 +215,27 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("plan", parents=[common], help="show the rank table and each rank's environment; changes nothing")
-    p.add_argument("--env", action="store_true", help="print every rank's environment")
+    job = argparse.ArgumentParser(add_help=False)
+    job.add_argument("--workload", help="training script or folder on this machine (default: launch_workload)")
+    job.add_argument("--entrypoint", help="script in the workload folder, or '-m package.module' (launch_entrypoint)")
+    job.add_argument("--job", help="job name (containers of an earlier crashed run of it are removed first)")
+    job.add_argument("--master-port", type=int, help="MASTER_PORT")
+    job.add_argument("--run-id", help="the run's id (default: time plus a random suffix); a plan with the same id "
+                                      "shows exactly what that launch runs")
+
+    p = sub.add_parser("plan", parents=[common, job],
+                       help="show the launch spec: each rank's command, environment and pinning; changes nothing")
+    p.add_argument("--env", action="store_true", help="print every rank's command and environment")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("up", parents=[common], help="provision the nodes (site.yml)")
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("launch", parents=[common], help="run a training job; arguments after -- go to the script")
-    p.add_argument("--run-id", help="the run's id (default: time plus a random suffix)")
-    p.add_argument("--workload", help="training script on this machine (default: the inventory's launch_workload)")
-    p.add_argument("--job", help="job name (containers of an earlier crashed run of it are removed first)")
+    p = sub.add_parser("launch", parents=[common, job], help="run a training job; arguments after -- go to the script")
     p.add_argument("--env", dest="env_vars", action="append", metavar="KEY=VALUE", help="more rank environment")
     p.add_argument("--secret-env", action="append", metavar="NAME",
                    help="pass this environment variable's value to the ranks as a secret (never shown)")
-    p.add_argument("--master-port", type=int, help="MASTER_PORT")
     p.add_argument("--timeout", type=int, help="seconds before a hung job is stopped")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.set_defaults(func=cmd_launch)

@@ -185,30 +185,7 @@ def rank_table(hosts: Iterable[Mapping[str, Any]], port: Any = 29500) -> dict[st
     }
 
 
-# What rank_env sets itself; neither launch_extra_env nor launch_secret_env may change it.
+# What the launch sets for every rank (torchfleet.spec); neither launch_extra_env nor
+# launch_secret_env may change it.
 RANK_ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                   "NODE_RANK", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
-
-
-def rank_env(row: Mapping[str, Any], table: Mapping[str, Any], interface: str, omp_threads: Any,
-             extra: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The environment one rank gets. Every value is a string (docker's env wants strings)."""
-    if not interface:
-        raise InventoryError("has no interface towards MASTER_ADDR", row["host"], "GLOO_SOCKET_IFNAME")
-    threads = _int(omp_threads, row["host"], "OMP_NUM_THREADS", 1)
-    env = {
-        "MASTER_ADDR": table["master_addr"],
-        "MASTER_PORT": table["master_port"],
-        "WORLD_SIZE": table["world_size"],
-        "RANK": row["rank"],
-        "LOCAL_RANK": row["local_rank"],
-        "LOCAL_WORLD_SIZE": row["local_world_size"],
-        "NODE_RANK": row["node_rank"],
-        "OMP_NUM_THREADS": threads,
-        "GLOO_SOCKET_IFNAME": interface,
-    }
-    for key, value in (extra or {}).items():
-        if key in env:
-            raise InventoryError(f"launch_extra_env may not override {key}", row["host"], "launch_extra_env")
-        env[key] = value
-    return {str(k): str(v) for k, v in env.items()}

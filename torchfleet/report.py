@@ -142,22 +142,20 @@ def tail(log: str, lines: int = 15) -> str:
     return "\n".join(log.rstrip().splitlines()[-lines:])
 
 
-def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
-              run_dir: str | Path, master_listened: bool = True,
-              pinning: Mapping[Any, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Combine the rank table, each container's final state and the fetched logs.
+def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
+              run_dir: str | Path, master_listened: bool = True) -> dict[str, Any]:
+    """Combine the launch spec, each rank's final state and the fetched logs.
 
     ``finals`` holds one mapping per rank as the node-side module reported it before
     removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet. When the
     master never opened MASTER_PORT, the workers were never started: they are not to blame.
-    ``pinning`` maps a rank to the cpuset and memory nodes its node gave it; a rank's own
-    container, where it has one, reports them instead.
+    Each row keeps the spec its rank ran with; a rank's own container, where it has one,
+    reports its cpuset instead.
     """
     run_dir = Path(run_dir)
     by_rank = {int(f["rank"]): f for f in finals}
-    pinned = {int(rank): p for rank, p in (pinning or {}).items()}
     rows = []
-    for entry in table["ranks"]:
+    for entry in spec["ranks"]:
         rank = entry["rank"]
         final = by_rank.get(rank, {})
         log_path = run_dir / f"rank-{rank}.log"
@@ -193,10 +191,11 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
                 # Kept here so the plot needs no second pass over the logs.
                 "curve": [[s["step"], s["loss"]] for s in steps],
                 **{key: final.get(key, default) for key, default in CONTAINER_FIELDS.items()},
+                "spec": dict(entry),
             }
         )
         for key in ("cpuset", "cpuset_mems"):
-            rows[-1][key] = rows[-1][key] or pinned.get(rank, {}).get(key) or None
+            rows[-1][key] = rows[-1][key] or entry.get(key) or None
     culprit = choose_culprit(rows)
     checksums = {}
     for row in rows:
@@ -205,12 +204,14 @@ def summarize(run_id: str, table: Mapping[str, Any], finals: Iterable[Mapping[st
             checksums[row["rank"]] = path.read_text().strip()
     return {
         "run_id": run_id,
-        "master": f"{table['master_addr']}:{table['master_port']}",
-        "world_size": table["world_size"],
+        "master": f"{spec['master_addr']}:{spec['master_port']}",
+        "world_size": spec["world_size"],
+        "mode": spec.get("mode"),
         "ok": culprit is None and all(r["outcome"] == "ok" for r in rows),
         "failed_rank": culprit,
         "checksums": checksums,
-        "checksums_equal": len(checksums) == len(rows) and len(set(checksums.values())) == 1,
+        # None where the job writes no checksums: there is nothing to compare.
+        "checksums_equal": (len(checksums) == len(rows) and len(set(checksums.values())) == 1) if checksums else None,
         "model": str(run_dir / "model.pt") if (run_dir / "model.pt").exists() else None,
         "ranks": rows,
     }

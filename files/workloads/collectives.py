@@ -33,8 +33,8 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--init-timeout", type=int, default=120)
     # The launch adds these for every workload; this one reads no data.
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--out-dir", default=".")
+    parser.add_argument("--data-dir", default=os.environ.get("TORCHFLEET_DATA_DIR"))
+    parser.add_argument("--out-dir", default=os.environ.get("TORCHFLEET_OUT_DIR", "."))
     parser.add_argument("--no-cuda", action="store_true")
     args = parser.parse_args(argv)
 

@@ -1,7 +1,7 @@
 import pytest
 
 from torchfleet.errors import InventoryError
-from torchfleet.ranks import cluster_address, rank_env, rank_table
+from torchfleet.ranks import cluster_address, rank_table
 
 
 def nodes(*names, **extra):
@@ -123,26 +123,3 @@ def test_loopback_cluster_address_is_refused():
 def test_network_without_a_matching_address():
     with pytest.raises(InventoryError, match=r"host n: no address of this node is inside torchfleet_cluster_network=10\.5\.0\.0/16 \(it has 172\.17\.0\.1\)"):
         cluster_address("n", network="10.5.0.0/16", ipv4_addresses=["172.17.0.1"])
-
-
-def test_rank_env_is_all_strings_and_complete():
-    table = rank_table(nodes("a", "b"), 29501)
-    env = rank_env(table["ranks"][1], table, "eth1", 4, {"http_proxy": "http://p:3128"})
-    assert env == {
-        "MASTER_ADDR": "10.0.0.1",
-        "MASTER_PORT": "29501",
-        "WORLD_SIZE": "2",
-        "RANK": "1",
-        "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": "1",
-        "NODE_RANK": "1",
-        "OMP_NUM_THREADS": "4",
-        "GLOO_SOCKET_IFNAME": "eth1",
-        "http_proxy": "http://p:3128",
-    }
-
-
-def test_rank_env_refuses_to_override_the_rank_variables():
-    table = rank_table(nodes("a"))
-    with pytest.raises(InventoryError, match="host a: launch_extra_env may not override RANK"):
-        rank_env(table["ranks"][0], table, "eth0", 1, {"RANK": "3"})

@@ -1,7 +1,6 @@
 import pytest
 
 from torchfleet.errors import InventoryError
-from torchfleet.ranks import RANK_ENV_NAMES, rank_env
 from torchfleet.redact import HIDDEN, check_env, has_credentials, redact, split_env
 
 
@@ -75,9 +74,3 @@ def test_an_open_value_with_credentials_needs_a_shell_name_too():
 def test_a_secret_may_not_replace_what_the_launch_sets():
     with pytest.raises(InventoryError, match="may not override MASTER_ADDR"):
         check_env({}, {"MASTER_ADDR": "10.0.0.9"})
-
-
-def test_the_names_the_launch_sets_are_rank_envs_own():
-    row = {"rank": 0, "host": "a", "local_rank": 0, "local_world_size": 1, "node_rank": 0}
-    table = {"master_addr": "10.0.0.1", "master_port": 29500, "world_size": 1}
-    assert sorted(rank_env(row, table, "eth0", 1)) == sorted(RANK_ENV_NAMES)

@@ -143,13 +143,24 @@ def test_torchrun_output_splits_by_local_rank_and_names_the_failed_one():
     assert [(f["exit_code"], f["stopped_by_torchfleet"]) for f in stopped] == [(None, True), (None, True)]
 
 
-def test_summary_shows_each_ranks_cpuset_where_one_launcher_ran_them(tmp_path):
-    # torchrun and mpirun report one final per node, with no cpuset of the ranks.
+def test_summary_shows_each_ranks_cpuset_and_spec_where_one_launcher_ran_them(tmp_path):
+    # torchrun, mpirun and bare processes report no cpuset of their ranks: the spec has it.
     finals = [final(r, 0, "2026-11-22T03:46:20.5Z") for r in range(2)]
-    pinning = {"0": {"cpuset": "0", "cpuset_mems": "0"}, "1": {"cpuset": "1", "cpuset_mems": ""}}
-    s = summarize("run4", table(2), finals, tmp_path, pinning=pinning)
+    spec = table(2)
+    spec["ranks"][0].update(cpuset="0", cpuset_mems="0", runner="torchrun")
+    spec["ranks"][1].update(cpuset="1", cpuset_mems=None, runner="torchrun")
+    s = summarize("run4", spec, finals, tmp_path)
     assert [(r["cpuset"], r["cpuset_mems"]) for r in s["ranks"]] == [("0", "0"), ("1", None)]
+    assert [r["spec"]["runner"] for r in s["ranks"]] == ["torchrun", "torchrun"]
     assert format_table(s)[3].split()[-2:] == ["1", "-"]
     # A rank's own container reports what docker applied.
     finals[0].update(cpuset="0-1", cpuset_mems="0")
-    assert summarize("run4", table(2), finals, tmp_path, pinning=pinning)["ranks"][0]["cpuset"] == "0-1"
+    assert summarize("run4", spec, finals, tmp_path)["ranks"][0]["cpuset"] == "0-1"
+
+
+def test_a_job_that_writes_no_checksums_gets_no_checksum_verdict(tmp_path):
+    s = summarize("run5", table(2), [final(r, 0, "2026-11-22T03:46:20.5Z") for r in range(2)], tmp_path)
+    assert s["ok"] and s["checksums"] == {} and s["checksums_equal"] is None
+    (tmp_path / "checksum-rank-0.txt").write_text("abc")
+    assert summarize("run5", table(2), [final(r, 0, "2026-11-22T03:46:20.5Z") for r in range(2)],
+                     tmp_path)["checksums_equal"] is False

@@ -23,8 +23,8 @@ options:
     description: The run's folder on the controller, holding the fetched logs.
     type: path
     required: true
-  plan:
-    description: The rank table from rank_plan.
+  spec:
+    description: The launch spec (launch_spec); each rank's part is recorded in summary.json.
     type: dict
     required: true
   finals:
@@ -42,10 +42,6 @@ options:
     description: torchrun mode; each node's torchrun-<host>.log is split into rank logs.
     type: bool
     default: false
-  pinning:
-    description: Each pinned rank's cpuset and cpuset_mems, by rank, as its node planned them.
-    type: dict
-    default: {}
   master_listened:
     description: Whether MASTER_PORT opened; when not, the other ranks were never started.
     type: bool
@@ -65,8 +61,10 @@ class ActionModule(ActionBase):
             finals, reason = self._split_mpirun(args, finals, reason)
         elif args.get("torchrun"):
             finals = self._split_torchrun(args, finals)
-        summary = report.summarize(args["run_id"], args["plan"], finals, args["run_dir"],
-                                   bool(args.get("master_listened", True)), args.get("pinning"))
+        summary = report.summarize(args["run_id"], args["spec"], finals, args["run_dir"],
+                                   bool(args.get("master_listened", True)))
+        # Each rank's row holds its own part; this is the rest (units, phases, warnings).
+        summary["spec"] = {k: v for k, v in args["spec"].items() if k != "ranks"}
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)
@@ -86,7 +84,7 @@ class ActionModule(ActionBase):
         """mpirun mode: rank logs and states come from mpirun's tagged output and exit."""
         path = Path(args["mpirun_log"])
         log = path.read_text(errors="replace") if path.is_file() else ""
-        world_size = int(args["plan"]["world_size"])
+        world_size = int(args["spec"]["world_size"])
         for rank, text in report.split_mpirun_log(log, world_size).items():
             (Path(args["run_dir"]) / f"rank-{rank}.log").write_text(text)
         launcher = next((f for f in finals if f.get("role") == "mpirun"), {})
@@ -100,9 +98,9 @@ class ActionModule(ActionBase):
         run_dir = Path(args["run_dir"])
         by_first_rank = {int(f["rank"]): f for f in finals if f.get("role") == "torchrun"}
         per_rank = []
-        hosts = dict.fromkeys(r["host"] for r in args["plan"]["ranks"])
+        hosts = dict.fromkeys(r["host"] for r in args["spec"]["ranks"])
         for host in hosts:
-            ranks = [r["rank"] for r in sorted(args["plan"]["ranks"], key=lambda r: r["rank"]) if r["host"] == host]
+            ranks = [r["rank"] for r in sorted(args["spec"]["ranks"], key=lambda r: r["rank"]) if r["host"] == host]
             path = run_dir / f"torchrun-{host}.log"
             log = path.read_text(errors="replace") if path.is_file() else ""
             for local, text in report.split_torchrun_log(log, len(ranks)).items():

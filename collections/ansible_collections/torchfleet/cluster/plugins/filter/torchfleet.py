@@ -3,7 +3,7 @@
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import cpus, netif, overlay, ranks, redact
+from torchfleet import netif, overlay, ranks, redact, spec
 from torchfleet.errors import InventoryError
 
 
@@ -41,43 +41,41 @@ def address_network(address, ip_addr, host):
     return netif.address_network(host, address, ip_addr)
 
 
-def rank_env(row, table, interface, omp_threads, extra=None):
-    """The environment of one rank, all values strings."""
-    return ranks.rank_env(row, table, interface, omp_threads, extra)
-
-
-def split_env(env, secret=None):
-    """The rank environment's open part, secret part and what may be shown (torchfleet.redact)."""
-    return redact.split_env(env, secret)
-
-
-def check_env(env, secret=None, host=None):
-    """True, or an error naming the host and the variable; names only, never a value."""
-    redact.check_env(env, secret, host)
-    return True
-
-
 def redact_url(text):
     """``text`` with the credentials of every URL in it replaced by ***."""
     return redact.redact(text)
 
 
-def cpu_plan(topology, host, ranks_on_node, cores_per_rank=0, use_hyperthreads=False, reserved="", cpusets=None):
-    """Each local rank's cpuset, cpuset_mems and OMP_NUM_THREADS, from cpu_topology's result."""
-    table = cpus.parse_lscpu(topology["lscpu"])
-    limits = {"allowed": topology.get("allowed"), "memory_nodes": topology.get("memory_nodes"),
-              "mems_allowed": topology.get("mems_allowed")}
-    if cpusets:
-        return cpus.check_explicit(host, table, list(cpusets), int(ranks_on_node), reserved=reserved, **limits)
-    # 0 in the role splits the cores evenly; any other count is checked by allocate().
-    count = int(cores_per_rank)
-    return cpus.allocate(host, table, int(ranks_on_node), cores_per_rank=count if count else None,
-                         use_hyperthreads=bool(use_hyperthreads), reserved=reserved, **limits)
-
-
 def overlay_allocate(network, hosts, explicit=None, previous=None):
     """The overlay's state ``{network, addresses}``: explicit addresses, then kept ones, then new ones."""
     return overlay.allocate(network, hosts, explicit, previous)
+
+
+def overlay_allocate_error(network, hosts, explicit=None, previous=None):
+    """What is wrong with the overlay's network or addresses, as data ({} when nothing is)."""
+    try:
+        overlay.allocate(network, hosts, explicit, previous)
+    except InventoryError as exc:
+        return {"message": str(exc), "host": exc.host, "variable": exc.variable or "overlay_network"}
+    return {}
+
+
+def split_site_env(settings, secret, host):
+    """A node's rank environment: open part, secret part and what may be shown (torchfleet.spec)."""
+    return spec.split_site_env(settings, secret, host)
+
+
+def spec_units(launch_spec, host, phase=None, kind=None):
+    """This node's units of the launch spec, of one phase and kind when given."""
+    return [u for u in launch_spec["units"] if u["host"] == host and (phase is None or u["phase"] == int(phase))
+            and (kind is None or u["kind"] == kind)]
+
+
+def process_entries(units, job):
+    """The rank_processes entries of process units; secret values are added by the module."""
+    return [{"rank": (u["ranks"] or [0])[0], "name": u["name"], "role": u["role"], "job": job, "argv": u["argv"],
+             "env": {k: v for k, v in u["env"].items() if k not in u["secret_env"]}, "cwd": u["workdir"],
+             "cpuset": u["cpuset"]} for u in units]
 
 
 def overlay_check_endpoints(network, endpoints):
@@ -106,14 +104,14 @@ class FilterModule:
             "cluster_address": _wrap(cluster_address),
             "gloo_interface": _wrap(gloo_interface),
             "address_network": _wrap(address_network),
-            "rank_env": _wrap(rank_env),
-            "cpu_plan": _wrap(cpu_plan),
             "overlay_allocate": _wrap(overlay_allocate),
             "overlay_check_endpoints": _wrap(overlay_check_endpoints),
+            "overlay_allocate_error": overlay_allocate_error,
+            "split_site_env": _wrap(split_site_env),
+            "spec_units": spec_units,
+            "process_entries": process_entries,
             "overlay_state": _wrap(overlay_state),
             "overlay_interface_address": _wrap(overlay_interface_address),
             "overlay_unreachable": _wrap(overlay_unreachable),
-            "split_env": _wrap(split_env),
-            "check_env": _wrap(check_env),
             "redact_url": redact_url,
         }

@@ -16,3 +16,24 @@ except ImportError as exc:
         "run ./scripts/bootstrap.sh and use .venv/bin/ansible-playbook (or source .venv/bin/activate), "
         "or `pip install -e .` from the checkout into that Python"
     ) from exc
+
+
+def fail_input(result, exc):
+    """Fail a task on bad input, with the host and the variable as data: the API and the CLI
+    classify a failure by ``torchfleet_error``, never by which task or file failed."""
+    result.update(failed=True, msg=str(exc),
+                  torchfleet_error={"kind": "input", "host": getattr(exc, "host", None),
+                                    "variable": getattr(exc, "variable", None)})
+    return result
+
+
+def validate_args(action, spec):
+    """The task's arguments checked against ``spec`` (an argument_spec dict), or an error."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    validated = ArgumentSpecValidator(spec).validate(action._task.args)
+    if validated.error_messages:
+        from ansible.errors import AnsibleActionFail
+
+        raise AnsibleActionFail(f"{action._task.action}: " + "; ".join(validated.error_messages))
+    return validated.validated_parameters

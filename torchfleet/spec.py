@@ -1,0 +1,556 @@
+"""The launch spec: every rank of a job as it will run, computed once, in one place.
+
+One builder per launch mode turns the inventory's settings and the facts read from the
+nodes into a :class:`LaunchSpec`. The plan shows it, the start tasks only apply its
+``units`` (what torchfleet starts on a node), and the report records it. Everything here is
+pure: no node, no Ansible.
+
+Secret values never enter a spec. A secret variable appears under its name in ``env`` with
+the value a report may show (``<secret>``, or a URL with ``***`` for its credentials), and
+in ``secret_env``; the start task adds the real values from the node's private facts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+from torchfleet import redact
+from torchfleet.errors import InventoryError
+from torchfleet.ranks import RANK_ENV_NAMES
+
+MODES = ("container", "process", "torchrun", "mpirun")
+# Inside a container the run's folders sit at fixed paths.
+CONTAINER_DATA, CONTAINER_WORKLOAD, CONTAINER_OUT = "/data", "/workload", "/out"
+# What the launch sets for every rank besides the rank variables; the user may not set them.
+RESERVED_ENV = RANK_ENV_NAMES + ("TORCHFLEET_DATA_DIR", "TORCHFLEET_OUT_DIR", "TORCHFLEET_RUN_ID",
+                                 "TORCHFLEET_CPUSETS", "TORCHFLEET_THREADS")
+# Placeholders launch_args may hold; Ansible's templating leaves single braces alone.
+PLACEHOLDER = re.compile(r"\{(data_dir|out_dir|workload_dir)\}")
+# torchrun picks MASTER_PORT for its ranks itself (its store's port), so a plan cannot know it.
+TORCHRUN_DECIDES = ("MASTER_PORT",)
+
+
+@dataclass
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+    def docker(self) -> dict[str, Any]:
+        return {"type": "bind", "source": self.source, "target": self.target, "read_only": self.read_only}
+
+
+@dataclass
+class Unit:
+    """One thing torchfleet starts on a node: a rank, a torchrun agent, an sshd or mpirun."""
+
+    name: str
+    host: str
+    kind: str  # container | process
+    role: str  # rank | torchrun | sshd | mpirun
+    # Phase 0 starts first; every later phase waits until the earlier one's listen ports answer.
+    phase: int
+    argv: list[str]
+    env: dict[str, str]
+    secret_env: list[str]
+    ranks: list[int]
+    workdir: str
+    cpuset: str | None = None
+    cpuset_mems: str | None = None
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    user: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    listen: dict[str, Any] | None = None
+    oom_kill_disable: bool = False
+
+
+@dataclass
+class RankSpec:
+    """What one rank runs and sees."""
+
+    rank: int
+    host: str
+    node_rank: int
+    local_rank: int
+    local_world_size: int
+    address: str
+    interface: str
+    runner: str  # container | process | torchrun | mpirun
+    unit: str
+    argv: list[str]
+    workdir: str
+    env: dict[str, str]
+    secret_env: list[str]
+    # Variables the runner sets at run time, whose value no plan can know.
+    runner_env: list[str]
+    cpuset: str | None
+    cpuset_mems: str | None
+    threads: int
+    mounts: list[dict[str, Any]]
+    devices: list[str]
+    user: str | None
+
+
+@dataclass
+class LaunchSpec:
+    run_id: str
+    job: str
+    mode: str
+    transport: str
+    image: str | None
+    master_host: str
+    master_addr: str
+    master_port: int
+    world_size: int
+    num_nodes: int
+    ranks: list[RankSpec]
+    units: list[Unit]
+    # Per node: what the wait watches (labels or run_dir, and how many), or null.
+    watch: dict[str, dict[str, Any] | None]
+    # Per node: files the start writes into the run's folder before any unit starts.
+    files: dict[str, dict[str, str]]
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def phases(self) -> list[int]:
+        return sorted({u.phase for u in self.units})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(asdict(self), phases=self.phases)
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+def _settings(node: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    value = (node.get("settings") or {}).get(key, default)
+    return default if value is None else value
+
+
+def site_env(settings: Mapping[str, Any]) -> dict[str, str]:
+    """The open environment every rank gets beyond the rank variables: proxies, SGX, Gloo
+    TLS's file paths (``tls_dir``: where the ranks see the node's TLS files) and
+    launch_extra_env. Secrets are split off later (redact.split_env)."""
+    env: dict[str, Any] = dict(settings.get("proxy_env") or {})
+    if settings.get("sgx_enabled"):
+        env.update(SGX_ENABLED="true", SGX_LOG_LEVEL=settings.get("sgx_log_level", "error"))
+    if settings.get("gloo_tls") and settings.get("tls_dir"):
+        tls = settings["tls_dir"]
+        env.update(GLOO_DEVICE_TRANSPORT="TCP_TLS", GLOO_DEVICE_TRANSPORT_TCP_TLS_PKEY=f"{tls}/node.key",
+                   GLOO_DEVICE_TRANSPORT_TCP_TLS_CERT=f"{tls}/node.crt",
+                   GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_FILE=f"{tls}/ca.crt")
+    env.update(settings.get("extra_env") or {})
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def check_env(host: str, env: Mapping[str, Any], secret_names: list[str]) -> None:
+    """Refuse what would change a rank's identity, in every mode."""
+    if "GLOO_TCP_IFACE" in env:
+        raise InventoryError("launch_extra_env sets GLOO_TCP_IFACE, which nothing reads; torchfleet sets "
+                             "GLOO_SOCKET_IFNAME from the route to MASTER_ADDR (set torchfleet_cluster_address "
+                             "or torchfleet_cluster_network to steer it)", host, "launch_extra_env")
+    for name in env:
+        if name in RESERVED_ENV:
+            # A value with credentials in a URL is kept secret too, but the user set it in the open.
+            variable = "launch_secret_env" if env[name] == redact.HIDDEN else "launch_extra_env"
+            raise InventoryError(f"{variable} may not set {name}, which the launch sets for every rank",
+                                 host, variable)
+
+
+def threads(node: Mapping[str, Any], local_ranks: int) -> list[int]:
+    """Each local rank's OMP_NUM_THREADS: launch_omp_num_threads when set, else its cpuset's
+    cores, else the node's CPUs shared out."""
+    explicit = int(_settings(node, "omp_num_threads", 0) or 0)
+    if explicit > 0:
+        return [explicit] * local_ranks
+    pinning = node.get("pinning") or []
+    if pinning:
+        return [int(p["omp_num_threads"]) for p in pinning]
+    return [max(1, int(node.get("nproc") or 1) // max(local_ranks, 1))] * local_ranks
+
+
+def _args(args: list[str], paths: Mapping[str, str]) -> list[str]:
+    return [PLACEHOLDER.sub(lambda m: paths[m[1]], str(a)) for a in args]
+
+
+# What a mode cannot do, by option: (setting, how to tell it is used, why).
+_UNSUPPORTED: dict[str, list[tuple[str, Callable[[Mapping[str, Any]], bool], str]]] = {
+    "process": [
+        ("launch_extra_volumes", lambda s: bool(s.get("extra_volumes")),
+         "bare processes have no mounts; the paths are already on the node"),
+        ("launch_oom_kill_disable", lambda s: bool(s.get("oom_kill_disable")),
+         "it is a docker run option"),
+    ],
+}
+
+
+def _refuse_unsupported(host: str, mode: str, runtime: str, settings: Mapping[str, Any]) -> None:
+    key = "process" if runtime == "process" else mode
+    for variable, used, why in _UNSUPPORTED.get(key, []):
+        if used(settings):
+            where = f"launch_mode={mode}" + (" with launch_torchrun_runtime=process" if mode == "torchrun" else "")
+            raise InventoryError(f"{variable} cannot apply under {where} ({why}); remove it or use a container "
+                                 "launch", host, variable)
+
+
+# --- the builder ------------------------------------------------------------------------------
+
+
+def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> LaunchSpec:
+    """The spec of one launch.
+
+    ``job``: run_id, job, mode, transport, image, torchrun_runtime, container_prefix, command
+    (an explicit command, else ``workload_argv``: the entry point), args, and ``warnings``.
+    ``table``: ranks.rank_table's result. ``nodes``: per host, its facts (address,
+    interface, nproc, pinning, mpi_network) and ``settings`` (that host's launch_* values,
+    the open env ``env_public`` and what may be shown of every variable ``env_shown``).
+    """
+    mode = job["mode"]
+    if mode not in MODES:
+        raise InventoryError(f"launch_mode={mode!r} is not one of {', '.join(MODES)}", None, "launch_mode")
+    runtime = job.get("torchrun_runtime", "container") if mode == "torchrun" else (
+        "process" if mode == "process" else "container")
+    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    for row in table["ranks"]:
+        by_host.setdefault(row["host"], []).append(row)
+    ranks: list[RankSpec] = []
+    units: list[Unit] = []
+    watch: dict[str, dict[str, Any] | None] = {}
+    files: dict[str, dict[str, str]] = {}
+    for host, rows in by_host.items():
+        node = nodes[host]
+        settings = node.get("settings") or {}
+        _refuse_unsupported(host, mode, runtime, settings)
+        shown = {str(k): str(v) for k, v in (node.get("env_shown") or {}).items()}
+        public = {str(k): str(v) for k, v in (node.get("env_public") or {}).items()}
+        secret_names = sorted(set(shown) - set(public))
+        check_env(host, shown, secret_names)
+        if mode == "mpirun" and settings.get("ssh_launcher") not in (None, "", table["master_host"]):
+            raise InventoryError(f"ssh_mesh_launcher={settings['ssh_launcher']} but node rank 0 is "
+                                 f"{table['master_host']}; mpirun runs on the master node, so make them the same "
+                                 "host", host, "ssh_mesh_launcher")
+        ctx = _NodeContext(job, table, host, node, rows, runtime, shown, secret_names)
+        _BUILDERS[mode](ctx)
+        ranks += ctx.ranks
+        units += ctx.units
+        watch[host] = ctx.watch
+        if ctx.files:
+            files[host] = ctx.files
+    return LaunchSpec(
+        run_id=job["run_id"], job=job["job"], mode=mode, transport=job.get("transport", "tcp"),
+        image=None if runtime == "process" else job.get("image"),
+        master_host=table["master_host"], master_addr=table["master_addr"], master_port=int(table["master_port"]),
+        world_size=int(table["world_size"]), num_nodes=int(table["num_nodes"]),
+        ranks=sorted(ranks, key=lambda r: r.rank), units=units, watch=watch, files=files,
+        warnings=list(job.get("warnings") or []),
+    )
+
+
+class _NodeContext:
+    """One node's share of the spec while a builder fills it in."""
+
+    def __init__(self, job: Mapping[str, Any], table: Mapping[str, Any], host: str, node: Mapping[str, Any],
+                 rows: list[Mapping[str, Any]], runtime: str, shown: dict[str, str], secret_names: list[str]):
+        self.job, self.table, self.host, self.node, self.rows = job, table, host, node, rows
+        self.settings = node.get("settings") or {}
+        self.runtime, self.shown, self.secret_names = runtime, shown, secret_names
+        self.interface = node.get("interface") or ""
+        if not self.interface:
+            raise InventoryError("has no interface towards MASTER_ADDR", host, "GLOO_SOCKET_IFNAME")
+        self.pinning = list(node.get("pinning") or [])
+        self.threads = threads(node, len(rows))
+        self.is_master = host == table["master_host"]
+        self.run_id = job["run_id"]
+        node_dir = self.settings.get("node_dir", "/var/lib/torchfleet")
+        self.node_run_dir = f"{node_dir}/runs/{self.run_id}"
+        self.node_workload_dir = f"{node_dir}/workloads/{job['job']}"
+        container = runtime == "container"
+        self.paths = {
+            "data_dir": CONTAINER_DATA if container else self.settings.get("dataset_dir", ""),
+            "out_dir": CONTAINER_OUT if container else self.node_run_dir,
+            "workload_dir": CONTAINER_WORKLOAD if container else self.node_workload_dir,
+        }
+        self.tls_dir = self.settings.get("tls_mount") if container else self.settings.get("tls_node_dir")
+        self.python = "python3" if container else self.settings.get("python", "python3")
+        self.ranks: list[RankSpec] = []
+        self.units: list[Unit] = []
+        self.watch: dict[str, Any] | None = None
+        self.files: dict[str, str] = {}
+
+    # -- pieces every mode shares --
+
+    def labels(self, role: str, rank: int | None = None) -> dict[str, str]:
+        labels = {"torchfleet.run": self.run_id, "torchfleet.job": self.job["job"], "torchfleet.role": role}
+        if rank is not None:
+            labels["torchfleet.rank"] = str(rank)
+        return labels
+
+    def workload_argv(self) -> list[str]:
+        command = [str(c) for c in self.job.get("command") or []]
+        if command:
+            return command
+        argv = [str(a) for a in self.job["workload_argv"]]
+        return [self.python, *argv[1:]]
+
+    def args(self) -> list[str]:
+        return _args(list(self.job.get("args") or []), self.paths)
+
+    def cpuset(self, i: int) -> str | None:
+        return self.pinning[i]["cpuset"] if self.pinning else None
+
+    def mems(self, i: int) -> str | None:
+        return (self.pinning[i].get("cpuset_mems") or None) if self.pinning else None
+
+    def env(self) -> dict[str, str]:
+        """The environment of the node's ranks beyond their own numbers (the site's, the
+        TLS paths as this runtime sees them, where the data and output go)."""
+        env = dict(self.shown)
+        if self.settings.get("gloo_tls"):
+            env.update(site_env({"gloo_tls": True, "tls_dir": self.tls_dir}))
+        # Unbuffered, so that a rank's log shows its progress as it happens, unless the user says otherwise.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(GLOO_SOCKET_IFNAME=self.interface, TORCHFLEET_RUN_ID=self.run_id,
+                   TORCHFLEET_DATA_DIR=self.paths["data_dir"], TORCHFLEET_OUT_DIR=self.paths["out_dir"])
+        return env
+
+    def rank_env(self, row: Mapping[str, Any], i: int) -> dict[str, str]:
+        env = self.env()
+        env.update(MASTER_ADDR=str(self.table["master_addr"]), MASTER_PORT=str(self.table["master_port"]),
+                   WORLD_SIZE=str(self.table["world_size"]), RANK=str(row["rank"]),
+                   LOCAL_RANK=str(row["local_rank"]), LOCAL_WORLD_SIZE=str(row["local_world_size"]),
+                   NODE_RANK=str(row["node_rank"]), OMP_NUM_THREADS=str(self.threads[i]))
+        return env
+
+    def mounts(self) -> list[dict[str, Any]]:
+        if self.runtime == "process":
+            return []
+        s = self.settings
+        mounts = [Mount(s.get("dataset_dir", ""), CONTAINER_DATA, True),
+                  Mount(self.node_workload_dir, CONTAINER_WORKLOAD, True),
+                  Mount(self.node_run_dir, CONTAINER_OUT)]
+        for volume in s.get("extra_volumes") or []:
+            parts = str(volume).split(":")
+            if len(parts) < 2 or not parts[0] or not parts[1]:
+                raise InventoryError(f"launch_extra_volumes entry {volume!r} is not host:container[:ro]",
+                                     self.host, "launch_extra_volumes")
+            mounts.append(Mount(parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+        if s.get("gloo_tls"):
+            mounts.append(Mount(s["tls_node_dir"], s["tls_mount"], True))
+        if s.get("sgx_aesm_socket"):
+            mounts.append(Mount(s["sgx_aesm_socket_path"], s["sgx_aesm_socket_path"]))
+        return [m.docker() for m in mounts]
+
+    def devices(self) -> list[str]:
+        return [str(d) for d in list(self.settings.get("sgx_devices") or []) + list(self.settings.get("extra_devices") or [])]
+
+    def rank(self, row: Mapping[str, Any], i: int, runner: str, unit: str, argv: list[str], env: dict[str, str],
+             runner_env: tuple[str, ...] = (), user: str | None = None, mems: str | None = None) -> None:
+        self.ranks.append(RankSpec(
+            rank=int(row["rank"]), host=self.host, node_rank=int(row["node_rank"]), local_rank=int(row["local_rank"]),
+            local_world_size=int(row["local_world_size"]), address=str(row["address"]), interface=self.interface,
+            runner=runner, unit=unit, argv=argv, workdir=self.paths["workload_dir"],
+            env={k: v for k, v in env.items() if k not in runner_env}, secret_env=list(self.secret_names),
+            runner_env=list(runner_env), cpuset=self.cpuset(i), cpuset_mems=mems, threads=self.threads[i],
+            mounts=self.mounts(), devices=self.devices(), user=user))
+
+    def unit(self, **kwargs: Any) -> Unit:
+        kind = "process" if self.runtime == "process" else "container"
+        defaults = dict(host=self.host, kind=kind, secret_env=list(self.secret_names), workdir=self.paths["workload_dir"],
+                        mounts=self.mounts() if kind == "container" else [], devices=self.devices(),
+                        oom_kill_disable=bool(self.settings.get("oom_kill_disable")) and kind == "container")
+        unit = Unit(**{**defaults, **kwargs})
+        self.units.append(unit)
+        return unit
+
+    def name(self, suffix: str) -> str:
+        return f"{self.job.get('container_prefix', 'torchfleet')}-{self.run_id}-{suffix}"
+
+    def master_listen(self) -> dict[str, Any] | None:
+        return {"host": self.table["master_addr"], "port": int(self.table["master_port"])} if self.is_master else None
+
+    def watch_units(self, role: str | None, expected: int) -> None:
+        if self.runtime == "process":
+            self.watch = {"run_dir": self.node_run_dir, "labels": {"torchfleet.run": self.run_id}, "expected": expected}
+        else:
+            labels = {"torchfleet.run": self.run_id}
+            if role:
+                labels["torchfleet.role"] = role
+            self.watch = {"labels": labels, "expected": expected}
+
+
+def _build_ranks(ctx: _NodeContext) -> None:
+    """container and process: one unit per rank, the master node's first."""
+    argv = ctx.workload_argv() + ctx.args()
+    for i, row in enumerate(ctx.rows):
+        env = ctx.rank_env(row, i)
+        name = ctx.name(f"rank{row['rank']}") if ctx.runtime == "container" else f"rank-{row['rank']}"
+        mems = ctx.mems(i) if ctx.runtime == "container" else None
+        ctx.unit(name=name, role="rank", phase=0 if ctx.is_master else 1, argv=argv, env=env, ranks=[int(row["rank"])],
+                 cpuset=ctx.cpuset(i), cpuset_mems=mems, labels=ctx.labels("rank", row["rank"]),
+                 listen=ctx.master_listen() if i == 0 else None)
+        ctx.rank(row, i, ctx.runtime, name, argv, env, mems=mems)
+    ctx.watch_units(None, len(ctx.rows))
+
+
+# Pins each local rank to its own cpuset with its own thread count (torchrun and mpirun
+# start a node's ranks themselves); $1.. is the rank's command.
+_PIN = ('i=$(({local} + 1)); '
+        '[ -z "$TORCHFLEET_CPUSETS" ] || {{ export OMP_NUM_THREADS="$(echo "$TORCHFLEET_THREADS" | cut -d";" -f$i)"; '
+        'exec taskset --cpu-list "$(echo "$TORCHFLEET_CPUSETS" | cut -d";" -f$i)" "$@"; }}; exec "$@"')
+
+
+def _pin_env(ctx: _NodeContext) -> dict[str, str]:
+    return {"TORCHFLEET_CPUSETS": ";".join(p["cpuset"] for p in ctx.pinning),
+            "TORCHFLEET_THREADS": ";".join(str(t) for t in ctx.threads)} if ctx.pinning else {}
+
+
+def _build_torchrun(ctx: _NodeContext) -> None:
+    """One torchrun agent per node, c10d rendezvous on the master at MASTER_PORT. is_host
+    says who hosts the store (torchrun's own guess misses overlay and explicit addresses);
+    --local-addr is the MASTER_ADDR it hands its ranks."""
+    workload = ctx.workload_argv()
+    script = workload[1:]
+    address = str(ctx.rows[0]["address"])
+    argv = [ctx.python, "-m", "torch.distributed.run", "--nnodes", str(ctx.table["num_nodes"]),
+            "--nproc-per-node", str(len(ctx.rows)), "--node-rank", str(ctx.rows[0]["node_rank"]),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ctx.table['master_addr']}:{ctx.table['master_port']}",
+            "--rdzv-id", ctx.run_id, "--max-restarts", "0", "--tee", "3",
+            "--rdzv-conf", f"is_host={1 if ctx.is_master else 0}", "--local-addr", address]
+    # torchrun runs `python -u script` or `python -u -m module`; through the pin wrapper it
+    # runs the command as given.
+    if ctx.job.get("command"):
+        argv += ["--no-python", "sh", "-c", _PIN.format(local="$LOCAL_RANK"), "rank", *workload]
+    elif ctx.pinning:
+        argv += ["--no-python", "sh", "-c", _PIN.format(local="$LOCAL_RANK"), "rank", ctx.python, "-u", *script]
+    elif script[0] == "-m":
+        argv += ["-m", *script[1:]]
+    else:
+        argv += script
+    argv += ctx.args()
+    # torchrun forces OMP_NUM_THREADS=1 for several ranks unless it is set.
+    env = ctx.env()
+    env.update(OMP_NUM_THREADS=str(ctx.threads[0]), NODE_RANK=str(ctx.rows[0]["node_rank"]), **_pin_env(ctx))
+    name = ctx.name("torchrun") if ctx.runtime == "container" else "torchrun"
+    # taskset pins each rank's CPUs; only a container can hold its memory to the ranks' nodes.
+    mems = ",".join(sorted({m for i in range(len(ctx.rows)) if (m := ctx.mems(i))})) or None
+    mems = mems if ctx.runtime == "container" else None
+    ctx.unit(name=name, role="torchrun", phase=0 if ctx.is_master else 1, argv=argv, env=env,
+             ranks=[int(r["rank"]) for r in ctx.rows],
+             cpuset=",".join(p["cpuset"] for p in ctx.pinning) if ctx.pinning else None, cpuset_mems=mems,
+             labels=ctx.labels("torchrun", ctx.rows[0]["rank"]), listen=ctx.master_listen())
+    rank_argv = [ctx.python, "-u", *script] if not ctx.job.get("command") else workload
+    for i, row in enumerate(ctx.rows):
+        rank_env = ctx.rank_env(row, i)
+        rank_env.update(_pin_env(ctx))
+        ctx.rank(row, i, "torchrun", name, rank_argv + ctx.args(), rank_env, runner_env=TORCHRUN_DECIDES, mems=mems)
+    ctx.watch_units("torchrun", 1)
+
+
+def _build_mpirun(ctx: _NodeContext) -> None:
+    """sshd in the training image on every other node, then mpirun on the master over the
+    ssh_mesh. Open MPI binds nothing; each rank sources its node's env file, takes the
+    torchrun-style variables from Open MPI's and pins itself (node.env: -x passes one value
+    to every node, but the interface, threads and cpusets are the node's own)."""
+    s = ctx.settings
+    user = f"{s.get('ssh_uid', 61000)}:{s.get('ssh_gid', 61000)}"
+    env = ctx.env()
+    env.update(NODE_RANK=str(ctx.rows[0]["node_rank"]), OMP_NUM_THREADS=str(ctx.threads[0]), **_pin_env(ctx))
+    env.pop("PYTHONUNBUFFERED")
+    ctx.files = {"node.env": "".join(f"{k}={_sh_quote(v)}\n" for k, v in sorted(env.items())
+                                     if k not in ctx.secret_names)}
+    workload = ctx.workload_argv() + ctx.args()
+    container_dir = s.get("ssh_container_dir", "/etc/torchfleet/ssh")
+    if ctx.is_master:
+        hosts = ",".join(f"{r['host']}:{r['local_world_size']}" for r in ctx.table["ranks"] if r["local_rank"] == 0)
+        network = ctx.node.get("mpi_network") or ""
+        argv = ["mpirun", "-np", str(ctx.table["world_size"]), "-H", hosts, "-bind-to", "none", "-map-by", "slot",
+                "--tag-output", "-wdir", CONTAINER_WORKLOAD,
+                "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+                "--mca", "oob_tcp_if_include", network, "--mca", "btl_tcp_if_include", network,
+                *[str(a) for a in s.get("mpirun_args") or []],
+                "/bin/sh", "-c", _MPI_RANK, "rank", *workload]
+        ssh_dir = f"/home/{s.get('ssh_user', 'torchfleet')}/.ssh"
+        ctx.unit(name=ctx.name("mpirun"), role="mpirun", phase=1, argv=argv,
+                 env={"MASTER_ADDR": str(ctx.table["master_addr"]), "MASTER_PORT": str(ctx.table["master_port"]),
+                      "PYTHONUNBUFFERED": "1"},
+                 ranks=[int(r["rank"]) for r in ctx.table["ranks"]], user=user, secret_env=[],
+                 labels=ctx.labels("mpirun"),
+                 mounts=ctx.mounts() + [Mount(s.get("ssh_client_dir", "/etc/torchfleet/ssh-client"), ssh_dir,
+                                              True).docker()])
+        ctx.watch_units("mpirun", 1)
+    else:
+        ctx.unit(name=ctx.name("sshd"), role="sshd", phase=0,
+                 argv=[s.get("sshd_path", "/usr/sbin/sshd"), "-D", "-e", "-f", f"{container_dir}/sshd_config"],
+                 env={}, ranks=[], user=user, secret_env=[], labels=ctx.labels("sshd"),
+                 listen={"host": str(ctx.rows[0]["address"]), "port": int(s.get("ssh_port", 12345))},
+                 mounts=ctx.mounts() + [Mount(s.get("ssh_node_dir", "/etc/torchfleet/ssh"), container_dir,
+                                              True).docker()])
+    unit = ctx.name("mpirun")
+    for i, row in enumerate(ctx.rows):
+        rank_env = ctx.rank_env(row, i)
+        rank_env.update(_pin_env(ctx))
+        ctx.rank(row, i, "mpirun", unit, workload, rank_env, user=user)
+
+
+# Each mpirun rank: its node's environment, the secret part where there is one, the
+# torchrun-style names from Open MPI's, then its own cpuset.
+_MPI_RANK = (
+    'set -a; . /out/node.env; [ ! -f /out/node.secret.env ] || . /out/node.secret.env; set +a; '
+    'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
+    'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+    + _PIN.format(local="$OMPI_COMM_WORLD_LOCAL_RANK"))
+
+
+def _sh_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+_BUILDERS: dict[str, Callable[[_NodeContext], None]] = {
+    "container": _build_ranks, "process": _build_ranks, "torchrun": _build_torchrun, "mpirun": _build_mpirun,
+}
+
+
+def split_site_env(settings: Mapping[str, Any], secret: Mapping[str, Any] | None, host: str) -> dict[str, dict[str, str]]:
+    """A node's environment split into its open part, its secret part and what may be
+    shown of every variable; secret names a shell cannot take are refused."""
+    env = site_env(settings)
+    redact.check_env(env, secret, host)
+    return redact.split_env(env, secret)
+
+
+def redacted(spec: LaunchSpec | Mapping[str, Any]) -> dict[str, Any]:
+    """The spec as it may be written anywhere: secrets are never in it, and a URL's
+    credentials anywhere in it (an argument, say) are masked."""
+    data = spec.to_dict() if isinstance(spec, LaunchSpec) else dict(spec)
+    return _mask(data)
+
+
+def _mask(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v) for v in value]
+    return redact.redact(value) if isinstance(value, str) else value
+
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def check_job(name: Any) -> str:
+    """launch_job names containers, folders and labels, so it is never empty and stays plain."""
+    if not isinstance(name, str) or not JOB_NAME.match(name):
+        raise InventoryError(f"launch_job={name!r} must be 1-63 letters, digits, '_', '.' or '-', starting with a "
+                             "letter or digit", None, "launch_job")
+    return name
+
+
+def new_run_id(now: Any = None) -> str:
+    """A fresh run id: UTC time plus a random suffix, which sorts by start time."""
+    import secrets
+    from datetime import datetime, timezone
+
+    now = now or datetime.now(timezone.utc)
+    return now.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
