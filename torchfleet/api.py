@@ -264,6 +264,8 @@ class Job:
             out["launch_master_port"] = int(self.master_port)
         if self.timeout is not None:
             out["launch_timeout"] = int(self.timeout)
+        if self.run_id is not None:
+            out["launch_run_id"] = self.run_id
         out.update(self.extra_vars)
         return out
 

@@ -127,3 +127,36 @@ def test_down_removes_every_rank_left_on_the_nodes(provisioned):
     result = cluster.down()
     assert result.hosts["node-2"].changed == 1 and result.hosts["node-1"].changed == 0
     assert node_sh("node-2", "docker ps -aq --filter label=torchfleet.run") == ""
+
+
+def test_a_workload_folder_is_mirrored_to_every_node(provisioned, tmp_path):
+    cluster = provisioned[0]
+    folder = tmp_path / "project"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "pkg" / "__init__.py").write_text("")
+    (folder / "pkg" / "train.py").write_text(
+        "import os, sys\nfrom pkg.helper import NAME\n"
+        "print(f'{NAME} rank {os.environ[\"RANK\"]} of {os.environ[\"WORLD_SIZE\"]} in {os.getcwd()}', flush=True)\n")
+    (folder / "pkg" / "helper.py").write_text("NAME = 'helper-module'\n")
+    (folder / "old.py").write_text("")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "scratch").mkdir()
+    (folder / "scratch" / "big.bin").write_text("x")
+    (folder / ".torchfleetignore").write_text("# local only\nscratch/\n")
+    job = Job(workload=folder, entrypoint="-m pkg.train", name="mirror", args=[])
+    listing = "cd /var/lib/torchfleet/workloads/mirror && find . -type f | sort"
+
+    run = cluster.launch(job)
+    assert run.ok and all("helper-module rank" in r.log() for r in run.ranks)
+    assert "in /workload" in run.ranks[1].log()
+    for node in ("node-1", "node-2"):
+        assert node_sh(node, listing).split() == ["./old.py", "./pkg/__init__.py", "./pkg/helper.py", "./pkg/train.py"]
+
+    (folder / "old.py").unlink()
+    assert cluster.launch(job).ok
+    assert node_sh("node-2", listing).split() == ["./pkg/__init__.py", "./pkg/helper.py", "./pkg/train.py"]
+    copied = node_sh("node-2", "stat -c %Y /var/lib/torchfleet/workloads/mirror.tar")
+    (folder / "scratch" / "big.bin").write_text("changed, but ignored")
+    assert cluster.launch(job).ok
+    assert node_sh("node-2", "stat -c %Y /var/lib/torchfleet/workloads/mirror.tar") == copied

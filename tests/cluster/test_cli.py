@@ -37,7 +37,8 @@ def test_cli_commands_exit_codes_and_json(provisioned, inventory_dir, runs_dir, 
     assert code == 2 and not out["ok"]
     assert out["error"] | {"message": None} == {
         "type": "InventoryError", "host": "node-2", "variable": "torchfleet_node_rank",
-        "task": "Number the ranks and pick MASTER_ADDR", "message": None}
+        "task": "Number the ranks and pick MASTER_ADDR, each node at its cluster address (or overlay address)",
+        "message": None}
 
     code, out = run("up", *inv, "--json")
     assert code == 0 and out["result"]["changed"] == 0
@@ -66,3 +67,51 @@ def test_cli_commands_exit_codes_and_json(provisioned, inventory_dir, runs_dir, 
 def test_cli_usage_errors_exit_2():
     done = subprocess.run([TORCHFLEET, "launch", "--master-port", "notaport"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid int value" in done.stderr
+
+
+def test_plan_warns_about_names_that_look_like_torchfleets(provisioned, inventory_dir, runs_dir, tmp_path):
+    guide = tmp_path / "guide.yml"
+    guide.write_text("all:\n  hosts:\n    node-2: {rank: 1, cpuset: '0-1', launch_master_prot: 29511}\n")
+    inv = ["-i", str(inventory_dir), "-i", str(guide)]
+    code, out = cli("plan", *inv, "--json", inventory_dir=inventory_dir, runs_dir=runs_dir)
+    assert code == 0
+    meant = {(w["host"], w["variable"]): w["meant"] for w in out["plan"]["warnings"]}
+    assert meant == {("node-2", "rank"): "torchfleet_node_rank", ("node-2", "cpuset"): "cpu_pinning_cpusets",
+                     ("node-2", "launch_master_prot"): "launch_master_port"}
+    # They were ignored, as the warnings say: node-2 is still node rank 1 and unpinned.
+    assert [(r["host"], r["cpuset"]) for r in out["plan"]["ranks"]] == [("node-1", None), ("node-2", None)]
+    env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
+    shown = subprocess.run([TORCHFLEET, "plan", "-q", *inv], capture_output=True, text=True, env=env, timeout=600)
+    assert shown.returncode == 0
+    assert "rank is not a torchfleet variable and is ignored; did you mean torchfleet_node_rank?" in shown.stderr
+    assert "did you mean cpu_pinning_cpusets?" in shown.stderr
+
+
+def test_errors_are_classed_by_what_failed_not_by_where(provisioned, inventory_dir, runs_dir):
+    inv = ["-i", str(inventory_dir)]
+    run = lambda *a: cli(*a, inventory_dir=inventory_dir, runs_dir=runs_dir)  # noqa: E731
+
+    # Input: one plain sentence naming the variable the user set, exit 2.
+    code, out = run("plan", *inv, "--json", "-e", "cpu_pinning=true", "-e", "cpu_pinning_cpusets=['20-24']")
+    assert code == 2 and out["error"]["type"] == "InventoryError"
+    assert out["error"]["variable"] == "cpu_pinning_cpusets" and out["error"]["host"] in ("node-1", "node-2")
+    message = out["error"]["message"]
+    assert message.startswith(f"host {out['error']['host']}: cpu_pinning_cpusets[0]='20-24' names CPUs")
+    assert "Task failed" not in message and "filter" not in message and "\n" not in message
+
+    # An option the mode cannot apply is refused before anything starts, naming both.
+    code, out = run("plan", *inv, "--json", "-e", "launch_mode=process", "-e", "launch_extra_volumes=['/srv:/srv']")
+    assert code == 2 and out["error"]["variable"] == "launch_extra_volumes"
+    assert "launch_mode=process" in out["error"]["message"]
+
+    # A node that fails a command: exit 3, naming the node.
+    code, out = run("launch", *inv, "--json", "-e", "launch_image=torchfleet/absent:0")
+    assert code == 3 and out["error"]["type"] == "TaskFailed"
+    assert "launch_image torchfleet/absent:0 is not on this node" in out["error"]["message"]
+    node_sh("node-2", "mv /usr/bin/lscpu /usr/bin/lscpu.real && printf '#!/bin/sh\\nexit 1\\n' > /usr/bin/lscpu "
+                      "&& chmod +x /usr/bin/lscpu")
+    try:
+        code, out = run("plan", *inv, "--json", "-e", "cpu_pinning=true")
+    finally:
+        node_sh("node-2", "mv /usr/bin/lscpu.real /usr/bin/lscpu")
+    assert code == 3 and out["error"]["type"] == "TaskFailed" and out["error"]["host"] == "node-2"

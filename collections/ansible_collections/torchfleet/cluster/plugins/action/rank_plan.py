@@ -2,7 +2,7 @@
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 from torchfleet import ranks
 from torchfleet.errors import InventoryError
 
@@ -19,9 +19,11 @@ options:
     elements: str
     required: true
   address_var:
-    description: The host variable that holds each node's cluster address.
+    description:
+      - The host variable that holds each node's cluster address (the overlay's, say).
+      - Without it, each node's address comes from its variables and facts
+        (C(torchfleet_cluster_address), C(torchfleet_cluster_network), C(ansible_host)).
     type: str
-    required: true
   master_port:
     description: The rendezvous port on the master.
     type: int
@@ -46,12 +48,18 @@ class ActionModule(ActionBase):
                         "name": name,
                         "node_rank": hv.get(ranks.NODE_RANK_VAR),
                         "procs": hv.get(ranks.PROCS_VAR),
-                        "address": hv.get(args["address_var"]),
+                        "address": hv.get(args["address_var"]) if args.get("address_var") else _address(name, hv),
                     }
                 )
             table = ranks.rank_table(nodes, args.get("master_port", 29500))
         except InventoryError as exc:
-            result.update(failed=True, msg=str(exc), host=exc.host, variable=exc.variable)
-            return result
+            return core.fail_input(result, exc)
         result.update(changed=False, plan=table)
         return result
+
+
+def _address(name, hv):
+    default = hv.get("ansible_default_ipv4") or {}
+    return ranks.cluster_address(
+        name, explicit=hv.get(ranks.ADDRESS_VAR), network=hv.get(ranks.NETWORK_VAR), ansible_host=hv.get("ansible_host"),
+        ipv4_addresses=hv.get("ansible_all_ipv4_addresses") or [], default_ipv4=default.get("address"))["address"]
