@@ -5,7 +5,10 @@ Measured in one run, on a cluster of its own (torchfleet-bench):
   - local cluster creation (images cached), and its re-run;
   - site.yml on fresh nodes (engine, 1.1 GB image load, dataset), and its re-run;
   - launch: from `ansible-playbook launch.yml` to rank 0's first training step, against
-    the same job started by hand, one `docker run` per node, rank 0 first.
+    the same job started by hand, one `docker run` per node, rank 0 first; once with the
+    default start (the other nodes once MASTER_PORT listens) and once starting them as
+    soon as the master's ranks run (launch_wait_master_listen: false). The slowest tasks
+    of the default launch say where its time goes.
 
 Run from the repository root with the venv active: python bench/provision.py
 """
@@ -35,17 +38,36 @@ CLUSTER_VARS = [
 ]
 
 
-def run(*args: str, quiet: bool = True) -> float:
+LAST_OUTPUT = [""]
+
+
+def run(*args: str, quiet: bool = True, env: dict[str, str] | None = None) -> float:
     t0 = time.monotonic()
     print("  $", " ".join(args), flush=True)
-    out = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=quiet, text=True)
+    out = subprocess.run(args, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=quiet, text=True)
     if out.returncode != 0:
         sys.exit(f"failed ({out.returncode}):\n{(out.stdout or '')[-3000:]}")
+    LAST_OUTPUT[0] = out.stdout or ""
     return time.monotonic() - t0
 
 
-def playbook(*args: str) -> float:
-    return run("ansible-playbook", *args)
+def playbook(*args: str, env: dict[str, str] | None = None) -> float:
+    return run("ansible-playbook", *args, env=env)
+
+
+def launch_to_first_step(inv: list[str], *extra: str) -> tuple[float, float]:
+    """The launch's wall time, and from its start to rank 0's first step."""
+    start = datetime.now(timezone.utc)
+    total = playbook("playbooks/launch.yml", *inv, "-e", '{"launch_args": ["--epoch", "1"]}', *extra,
+                     env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "ANSIBLE_NOCOLOR": "1"})
+    runs = sorted((STATE / "bench" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    return total, (first_step((runs[-1] / "rank-0.log").read_text()) - start).total_seconds()
+
+
+def slowest_tasks(output: str, count: int = 8) -> list[str]:
+    """profile_tasks' recap: 'role : task ---- 1.23s', slowest first."""
+    recap = output.split("TASKS RECAP", 1)[-1].splitlines()
+    return [line.strip() for line in recap if line.rstrip().endswith("s") and " --" in line][:count]
 
 
 def first_step(log: str) -> datetime:
@@ -93,10 +115,10 @@ def main() -> None:
     t["cluster up again"] = playbook("playbooks/local_cluster.yml", *CLUSTER_VARS)
     t["site.yml first"] = playbook("site.yml", *inv)
     t["site.yml again"] = playbook("site.yml", *inv)
-    start = datetime.now(timezone.utc)
-    t["launch total"] = playbook("playbooks/launch.yml", *inv, "-e", '{"launch_args": ["--epoch", "1"]}')
-    runs = sorted((STATE / "bench" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    t["launch to first step"] = (first_step((runs[-1] / "rank-0.log").read_text()) - start).total_seconds()
+    t["launch total"], t["launch to first step"] = launch_to_first_step(inv)
+    slow = slowest_tasks(LAST_OUTPUT[0])
+    _, t["launch, no MASTER_PORT wait, to first step"] = launch_to_first_step(
+        inv, "-e", "launch_wait_master_listen=false")
     t["docker run by hand to first step"] = by_hand()
     playbook("playbooks/local_cluster.yml", *CLUSTER_VARS, "-e", "local_cluster_state=absent")
 
@@ -108,8 +130,13 @@ def main() -> None:
         ("cluster up again / cluster up", "cluster up again", "cluster up"),
         ("site.yml again / site.yml first", "site.yml again", "site.yml first"),
         ("launch to first step / docker run by hand", "launch to first step", "docker run by hand to first step"),
+        ("  without the MASTER_PORT wait / docker run by hand", "launch, no MASTER_PORT wait, to first step",
+         "docker run by hand to first step"),
     ]:
         print(f"{label:<52}{t[a] / t[b]:>7.2f}")
+    print("\nwhere the default launch's time goes (profile_tasks):")
+    for line in slow:
+        print("  " + line)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from torchfleet.errors import HostUnreachable, InventoryError, JobFailed, TaskFailed, TorchfleetError
-from torchfleet.spec import new_run_id
+from torchfleet.spec import RankSpec, new_run_id
 
 # Argument specs report bad input in their own shape; every other input check of
 # torchfleet's returns ``torchfleet_error`` with its kind, host and variable.
@@ -99,29 +99,9 @@ class PlaybookResult:
 
 
 @dataclass
-class RankPlan:
-    """One rank of the launch spec (torchfleet.spec.RankSpec): what it runs and sees."""
+class RankPlan(RankSpec):
+    """One rank of the launch spec (torchfleet.spec.RankSpec), and whether its node can run it yet."""
 
-    rank: int
-    host: str
-    node_rank: int
-    local_rank: int
-    local_world_size: int
-    address: str
-    interface: str
-    runner: str
-    unit: str
-    argv: list[str]
-    workdir: str
-    env: dict[str, str]
-    secret_env: list[str]
-    runner_env: list[str]
-    cpuset: str | None
-    cpuset_mems: str | None
-    threads: int
-    mounts: list[dict[str, Any]]
-    devices: list[str]
-    user: str | None
     runtime_ready: bool = False
 
     @property

@@ -369,7 +369,11 @@ class _NodeContext:
         return f"{self.job.get('container_prefix', 'torchfleet')}-{self.run_id}-{suffix}"
 
     def master_listen(self) -> dict[str, Any] | None:
-        return {"host": self.table["master_addr"], "port": int(self.table["master_port"])} if self.is_master else None
+        """What the other nodes' start waits for: MASTER_PORT, unless the job says to start
+        them as soon as the master's ranks run (their stores retry until it listens)."""
+        if not self.is_master or not self.job.get("wait_master_listen", True):
+            return None
+        return {"host": self.table["master_addr"], "port": int(self.table["master_port"])}
 
     def watch_units(self, role: str | None, expected: int) -> None:
         if self.runtime == "process":

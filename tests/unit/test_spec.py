@@ -724,3 +724,19 @@ def test_phases_of_a_single_node_job():
     assert [r.threads for r in built.ranks] == [2, 2, 2]
     assert [u.listen for u in built.units] == [{"host": "10.0.0.50", "port": PORT}, None, None]
     assert built.transport == "tcp" and built.warnings == []
+
+
+@pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
+def test_without_waiting_for_master_port_only_sshd_gates_a_phase(mode, runtime):
+    job, table, nodes = make(mode, runtime)
+    waiting = spec.build(job, table, nodes)
+    eager = spec.build(dict(job, wait_master_listen=False), table, nodes)
+    gates = lambda s: {(u.host, u.role): u.listen for u in s.units if u.listen}  # noqa: E731
+    if mode == "mpirun":
+        assert gates(eager) == gates(waiting) and {r for _, r in gates(eager)} == {"sshd"}
+    else:
+        role = "torchrun" if mode == "torchrun" else "rank"
+        assert gates(waiting) == {("node-1", role): {"host": MASTER_ADDR, "port": PORT}}
+        assert gates(eager) == {}
+    # The rest of the spec is the same.
+    assert [u.phase for u in eager.units] == [u.phase for u in waiting.units]
