@@ -270,6 +270,9 @@ class _Collector:
         data = event.get("event_data") or {}
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             res = data.get("res") or {}
+            # A loop fails as "One or more items failed": the failed item says what and why.
+            item = next((r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")), None)
+            res = item if item is not None else res
             message = str(res.get("msg") or res.get("stderr") or res.get("reason") or "failed").strip()
             host = res.get("host") if isinstance(res.get("host"), str) else None
             match = _HOST_PREFIX.match(message)

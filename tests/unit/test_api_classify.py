@@ -46,3 +46,16 @@ def test_an_argument_spec_failure_is_input_and_names_the_variable():
     collector = _Collector(None)
     collector(failed(ARGSPEC, "/p/roles/launch/tasks/x.yml:1", action="ansible.builtin.validate_argument_spec"))
     assert collector.failures[0].kind == "input" and collector.failures[0].variable == "launch_mode"
+
+
+def test_a_loop_is_reported_by_its_failed_item():
+    ok = {"changed": False, "item": {"name": "launch_poll_interval"}}
+    bad = dict(TYPED, failed=True, item={"name": "cpu_pinning_cpusets"})
+    collector = _Collector(None)
+    collector(failed({"msg": "One or more items failed", "results": [ok, bad]}, "/p/x.yml:1",
+                     action="torchfleet.cluster.check_input"))
+    failure = collector.failures[0]
+    assert (failure.kind, failure.variable, failure.message) == ("input", "cpu_pinning_cpusets", TYPED["msg"])
+    collector(failed({"msg": "One or more items failed", "results": [ok, dict(UNTYPED, failed=True)]}, "/p/y.yml:1",
+                     action="ansible.builtin.assert"))
+    assert (collector.failures[1].kind, collector.failures[1].message) == ("node", UNTYPED["msg"])
