@@ -176,7 +176,10 @@ def main(argv=None):
         fh.write(digest + "\n")
     log.info("Parameter checksum: %s", digest)
     if args.save_model and rank == 0:
-        torch.save(plain.state_dict(), os.path.join(args.out_dir, "model.pt"))
+        # Written beside and renamed, so a reader never sees half a model.
+        partial = os.path.join(args.out_dir, f".model.pt.{os.getpid()}")
+        torch.save(plain.state_dict(), partial)
+        os.replace(partial, os.path.join(args.out_dir, "model.pt"))
         log.info("Saved model to %s", os.path.join(args.out_dir, "model.pt"))
     if distributed:
         dist.barrier()

@@ -115,3 +115,13 @@ def test_errors_are_classed_by_what_failed_not_by_where(provisioned, inventory_d
     finally:
         node_sh("node-2", "mv /usr/bin/lscpu.real /usr/bin/lscpu")
     assert code == 3 and out["error"]["type"] == "TaskFailed" and out["error"]["host"] == "node-2"
+
+
+def test_a_run_id_is_never_reused(provisioned, inventory_dir, runs_dir):
+    (runs_dir / "taken").mkdir()
+    (runs_dir / "taken" / "rank-0.log").write_text("an earlier run's log\n")
+    code, out = cli("launch", "-i", str(inventory_dir), "--json", "--run-id", "taken",
+                    inventory_dir=inventory_dir, runs_dir=runs_dir)
+    assert code == 2 and out["error"]["variable"] == "launch_run_id" and "is taken" in out["error"]["message"]
+    assert (runs_dir / "taken" / "rank-0.log").read_text() == "an earlier run's log\n"
+    assert node_sh("node-1", "ls /var/lib/torchfleet/runs | grep -cx taken || true").strip() == "0"
