@@ -125,3 +125,12 @@ def test_a_run_id_is_never_reused(provisioned, inventory_dir, runs_dir):
     assert code == 2 and out["error"]["variable"] == "launch_run_id" and "is taken" in out["error"]["message"]
     assert (runs_dir / "taken" / "rank-0.log").read_text() == "an earlier run's log\n"
     assert node_sh("node-1", "ls /var/lib/torchfleet/runs | grep -cx taken || true").strip() == "0"
+
+
+def test_a_bad_secret_name_is_input_named_without_its_value(provisioned, inventory_dir, runs_dir):
+    code, out = cli("plan", "-i", str(inventory_dir), "--json",
+                    "-e", 'launch_secret_env={"bad-name": "tfsecret-never-shown"}',
+                    inventory_dir=inventory_dir, runs_dir=runs_dir)
+    assert code == 2 and out["error"]["variable"] == "launch_secret_env"
+    assert "'bad-name' is not an environment variable name" in out["error"]["message"]
+    assert "tfsecret-never-shown" not in json.dumps(out)

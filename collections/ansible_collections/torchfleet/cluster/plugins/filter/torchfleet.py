@@ -61,8 +61,13 @@ def overlay_allocate_error(network, hosts, explicit=None, previous=None):
 
 
 def split_site_env(settings, secret, host):
-    """A node's rank environment: open part, secret part and what may be shown (torchfleet.spec)."""
-    return spec.split_site_env(settings, secret, host)
+    """A node's rank environment: open part, secret part and what may be shown (torchfleet.spec).
+    Bad names come back as ``error`` (names only, never a value): the task that splits runs
+    under no_log, which would hide the message, so a check after it reports it."""
+    try:
+        return spec.split_site_env(settings, secret, host)
+    except InventoryError as exc:
+        return {"public": {}, "secret": {}, "shown": {}, "error": {"message": str(exc), "variable": exc.variable}}
 
 
 def spec_units(launch_spec, host, phase=None, kind=None):
@@ -107,7 +112,7 @@ class FilterModule:
             "overlay_allocate": _wrap(overlay_allocate),
             "overlay_check_endpoints": _wrap(overlay_check_endpoints),
             "overlay_allocate_error": overlay_allocate_error,
-            "split_site_env": _wrap(split_site_env),
+            "split_site_env": split_site_env,
             "spec_units": spec_units,
             "process_entries": process_entries,
             "overlay_state": _wrap(overlay_state),
