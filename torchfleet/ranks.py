@@ -140,6 +140,19 @@ def cluster_address(
     return {"address": address, "source": source}
 
 
+def cluster_address_of(host: str, host_vars: Mapping[str, Any]) -> str:
+    """cluster_address from a node's Ansible variables and facts."""
+    default = host_vars.get("ansible_default_ipv4") or {}
+    return cluster_address(
+        host,
+        explicit=host_vars.get(ADDRESS_VAR),
+        network=host_vars.get(NETWORK_VAR),
+        ansible_host=host_vars.get("ansible_host"),
+        ipv4_addresses=host_vars.get("ansible_all_ipv4_addresses") or [],
+        default_ipv4=default.get("address"),
+    )["address"]
+
+
 def _is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(str(text))

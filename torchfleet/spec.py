@@ -13,6 +13,7 @@ in ``secret_env``; the start task adds the real values from the node's private f
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -125,11 +126,6 @@ class LaunchSpec:
 # --- settings ---------------------------------------------------------------------------------
 
 
-def _settings(node: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    value = (node.get("settings") or {}).get(key, default)
-    return default if value is None else value
-
-
 def site_env(settings: Mapping[str, Any]) -> dict[str, str]:
     """The open environment every rank gets beyond the rank variables: proxies, SGX, Gloo
     TLS's file paths (``tls_dir``: where the ranks see the node's TLS files) and
@@ -163,7 +159,7 @@ def check_env(host: str, env: Mapping[str, Any], secret_names: list[str]) -> Non
 def threads(node: Mapping[str, Any], local_ranks: int) -> list[int]:
     """Each local rank's OMP_NUM_THREADS: launch_omp_num_threads when set, else its cpuset's
     cores, else the node's CPUs shared out."""
-    explicit = int(_settings(node, "omp_num_threads", 0) or 0)
+    explicit = int((node.get("settings") or {}).get("omp_num_threads") or 0)
     if explicit > 0:
         return [explicit] * local_ranks
     pinning = node.get("pinning") or []
@@ -463,7 +459,7 @@ def _build_mpirun(ctx: _NodeContext) -> None:
     env = ctx.env()
     env.update(NODE_RANK=str(ctx.rows[0]["node_rank"]), OMP_NUM_THREADS=str(ctx.threads[0]), **_pin_env(ctx))
     env.pop("PYTHONUNBUFFERED")
-    ctx.files = {"node.env": "".join(f"{k}={_sh_quote(v)}\n" for k, v in sorted(env.items())
+    ctx.files = {"node.env": "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())
                                      if k not in ctx.secret_names)}
     workload = ctx.workload_argv() + ctx.args()
     container_dir = s.get("ssh_container_dir", "/etc/torchfleet/ssh")
@@ -506,10 +502,6 @@ _MPI_RANK = (
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
     + _PIN.format(local="$OMPI_COMM_WORLD_LOCAL_RANK"))
-
-
-def _sh_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 _BUILDERS: dict[str, Callable[[_NodeContext], None]] = {

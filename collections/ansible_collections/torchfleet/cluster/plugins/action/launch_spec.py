@@ -56,7 +56,7 @@ class ActionModule(ActionBase):
         try:
             outside = [h for h in args["hosts"] if h not in args["group"]]
             if outside:
-                raise InventoryError(f"is not in the launch group launch_hosts_group", outside[0], "launch_hosts_group")
+                raise InventoryError("is not in the launch group launch_hosts_group", outside[0], "launch_hosts_group")
             if len(args["hosts"]) > args["forks"]:
                 raise InventoryError(f"{len(args['hosts'])} nodes but forks={args['forks']}; a failure on an unwatched "
                                      "node would go unseen. Raise forks (ANSIBLE_FORKS or ansible.cfg)", None, "forks")

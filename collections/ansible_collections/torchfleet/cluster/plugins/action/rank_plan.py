@@ -48,7 +48,8 @@ class ActionModule(ActionBase):
                         "name": name,
                         "node_rank": hv.get(ranks.NODE_RANK_VAR),
                         "procs": hv.get(ranks.PROCS_VAR),
-                        "address": hv.get(args["address_var"]) if args.get("address_var") else _address(name, hv),
+                        "address": hv.get(args["address_var"]) if args.get("address_var")
+                        else ranks.cluster_address_of(name, hv),
                     }
                 )
             table = ranks.rank_table(nodes, args.get("master_port", 29500))
@@ -57,9 +58,3 @@ class ActionModule(ActionBase):
         result.update(changed=False, plan=table)
         return result
 
-
-def _address(name, hv):
-    default = hv.get("ansible_default_ipv4") or {}
-    return ranks.cluster_address(
-        name, explicit=hv.get(ranks.ADDRESS_VAR), network=hv.get(ranks.NETWORK_VAR), ansible_host=hv.get("ansible_host"),
-        ipv4_addresses=hv.get("ansible_all_ipv4_addresses") or [], default_ipv4=default.get("address"))["address"]

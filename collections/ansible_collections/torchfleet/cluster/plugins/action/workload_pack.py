@@ -2,10 +2,9 @@
 
 from pathlib import Path
 
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 from torchfleet import workload
 from torchfleet.errors import InventoryError
 
@@ -53,20 +52,14 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
-        if validated.error_messages:
-            result.update(failed=True, msg="workload_pack: " + "; ".join(validated.error_messages))
-            return result
-        args = validated.validated_parameters
+        args = core.validate_args(self, ARGUMENT_SPEC)
         try:
             # The entrypoint first: a bad one leaves no archive behind.
             argv = workload.entrypoint_argv(args["src"], args["entrypoint"], args["python"])
             Path(args["dest"]).parent.mkdir(parents=True, exist_ok=True)
             packed = workload.pack(args["src"], args["dest"])
         except InventoryError as exc:
-            result.update(failed=True, msg=str(exc),
-                          torchfleet_error={"kind": "input", "host": None, "variable": exc.variable})
-            return result
+            return core.fail_input(result, exc)
         except OSError as exc:
             # An unreadable file or unwritable dest: a message, not a traceback.
             result.update(failed=True, msg=f"workload_pack {args['src']} -> {args['dest']}: {exc}")

@@ -20,15 +20,7 @@ def _wrap(func):
 
 def cluster_address(host_vars, host):
     """The address other nodes reach ``host`` on, from its variables and facts."""
-    default = host_vars.get("ansible_default_ipv4") or {}
-    return ranks.cluster_address(
-        host,
-        explicit=host_vars.get(ranks.ADDRESS_VAR),
-        network=host_vars.get(ranks.NETWORK_VAR),
-        ansible_host=host_vars.get("ansible_host"),
-        ipv4_addresses=host_vars.get("ansible_all_ipv4_addresses") or [],
-        default_ipv4=default.get("address"),
-    )["address"]
+    return ranks.cluster_address_of(host, host_vars)
 
 
 def gloo_interface(master_addr, ip_addr, ip_route, host):
