@@ -26,7 +26,10 @@ MODES = ("container", "process", "torchrun", "mpirun")
 CONTAINER_DATA, CONTAINER_WORKLOAD, CONTAINER_OUT = "/data", "/workload", "/out"
 # What the launch sets for every rank besides the rank variables; the user may not set them.
 RESERVED_ENV = RANK_ENV_NAMES + ("TORCHFLEET_DATA_DIR", "TORCHFLEET_OUT_DIR", "TORCHFLEET_RUN_ID",
-                                 "TORCHFLEET_CPUSETS", "TORCHFLEET_THREADS")
+                                 "TORCHFLEET_CPUSETS", "TORCHFLEET_THREADS", "TORCHFLEET_HEARTBEAT")
+# The guard's defaults (roles/launch/defaults/main.yml says what each means).
+GUARD_DEFAULTS = {"port": 29510, "node_timeout": 10.0, "stall_timeout": 0.0, "timeout": 0.0, "poll_interval": 0.5,
+                  "stop_grace": 5.0, "start_timeout": 120.0}
 # Placeholders launch_args may hold; Ansible's templating leaves single braces alone.
 PLACEHOLDER = re.compile(r"\{(data_dir|out_dir|workload_dir)\}")
 # torchrun picks MASTER_PORT for its ranks itself (its store's port), so a plan cannot know it.
@@ -66,6 +69,8 @@ class Unit:
     labels: dict[str, str] = field(default_factory=dict)
     listen: dict[str, Any] | None = None
     oom_kill_disable: bool = False
+    # What is started: argv under its guard (module_utils/guard.py).
+    command: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -109,8 +114,8 @@ class LaunchSpec:
     num_nodes: int
     ranks: list[RankSpec]
     units: list[Unit]
-    # Per node: what the wait watches (labels or run_dir, and how many), or null.
-    watch: dict[str, dict[str, Any] | None]
+    # What every unit's guard reads (guard.json): the store, the units, the timeouts.
+    guard: dict[str, Any]
     # Per node: files the start writes into the run's folder before any unit starts.
     files: dict[str, dict[str, str]]
     warnings: list[dict[str, Any]] = field(default_factory=list)
@@ -214,7 +219,6 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
         by_host.setdefault(row["host"], []).append(row)
     ranks: list[RankSpec] = []
     units: list[Unit] = []
-    watch: dict[str, dict[str, Any] | None] = {}
     files: dict[str, dict[str, str]] = {}
     for host, rows in by_host.items():
         node = nodes[host]
@@ -232,17 +236,77 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
         _BUILDERS[mode](ctx)
         ranks += ctx.ranks
         units += ctx.units
-        watch[host] = ctx.watch
         if ctx.files:
             files[host] = ctx.files
+    guard = _guard(job, table, units, nodes)
+    for node_files in (files.setdefault(h, {}) for h in by_host):
+        node_files["guard.json"] = _json(guard)
     return LaunchSpec(
         run_id=job["run_id"], job=job["job"], mode=mode, transport=job.get("transport", "tcp"),
         image=None if runtime == "process" else job.get("image"),
         master_host=table["master_host"], master_addr=table["master_addr"], master_port=int(table["master_port"]),
         world_size=int(table["world_size"]), num_nodes=int(table["num_nodes"]),
-        ranks=sorted(ranks, key=lambda r: r.rank), units=units, watch=watch, files=files,
+        ranks=sorted(ranks, key=lambda r: r.rank), units=units, guard=guard, files=files,
         warnings=list(job.get("warnings") or []),
     )
+
+
+def guard_settings(job: Mapping[str, Any], master_port: int) -> dict[str, float]:
+    """The guard's settings, checked: a port of its own, positive intervals."""
+    given = {k: v for k, v in (job.get("guard") or {}).items() if v not in (None, "")}
+    settings = {k: float(given.get(k, d)) for k, d in GUARD_DEFAULTS.items()}
+    settings["port"] = int(settings["port"])
+    if not 1 <= settings["port"] <= 65535 or settings["port"] == int(master_port):
+        raise InventoryError(f"launch_guard_port={settings['port']} must be a port from 1 to 65535 other than "
+                             f"MASTER_PORT ({master_port})", None, "launch_guard_port")
+    for name, low in (("node_timeout", 1.0), ("poll_interval", 0.05), ("stop_grace", 0.0), ("start_timeout", 1.0),
+                      ("stall_timeout", 0.0), ("timeout", 0.0)):
+        variable = {"timeout": "launch_timeout", "poll_interval": "launch_guard_poll_interval"}.get(
+            name, f"launch_{name}")
+        if settings[name] < low:
+            raise InventoryError(f"{variable}={settings[name]:g} must be at least {low:g}", None, variable)
+    if settings["node_timeout"] < 2 * settings["poll_interval"]:
+        raise InventoryError(f"launch_node_timeout={settings['node_timeout']:g} must be at least twice "
+                             f"launch_guard_poll_interval ({settings['poll_interval']:g})", None, "launch_node_timeout")
+    return settings
+
+
+def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
+           nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The guard's config, and every unit's command wrapped in its guard. The master's first
+    unit to start hosts the store, on the cluster address, on its own port."""
+    settings = guard_settings(job, table["master_port"])
+    master = table["master_host"]
+    host_unit = min((i for i, u in enumerate(units) if u.host == master), key=lambda i: (units[i].phase, i))
+    for i, unit in enumerate(units):
+        s = nodes[unit.host].get("settings") or {}
+        out = CONTAINER_OUT if unit.kind == "container" else \
+            f"{s.get('node_dir', '/var/lib/torchfleet')}/runs/{job['run_id']}"
+        python = "python3" if unit.kind == "container" else s.get("python", "python3")
+        unit.command = [python, f"{out}/guard.py", f"{out}/guard.json", str(i), "--", *unit.argv]
+    return {
+        "run_id": job["run_id"], "job": job["job"], "store_unit": host_unit,
+        "store": {"host": str(table["master_addr"]), "port": settings["port"], "node": master},
+        "node_timeout": settings["node_timeout"], "stall_timeout": settings["stall_timeout"],
+        "job_timeout": settings["timeout"], "poll_interval": settings["poll_interval"],
+        "stop_grace": settings["stop_grace"], "start_timeout": settings["start_timeout"],
+        "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
+                   "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u)} for u in units],
+    }
+
+
+def _log(unit: Unit) -> str | None:
+    """Where a container unit's guard copies its output, so that it can be read while the
+    unit runs (a process unit's output already goes to its log file)."""
+    if unit.kind != "container":
+        return None
+    return f"{CONTAINER_OUT}/{f'rank-{unit.ranks[0]}' if unit.role == 'rank' else unit.role}.log"
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
 class _NodeContext:
@@ -273,7 +337,6 @@ class _NodeContext:
         self.python = "python3" if container else self.settings.get("python", "python3")
         self.ranks: list[RankSpec] = []
         self.units: list[Unit] = []
-        self.watch: dict[str, Any] | None = None
         self.files: dict[str, str] = {}
 
     # -- pieces every mode shares --
@@ -319,6 +382,10 @@ class _NodeContext:
                    LOCAL_RANK=str(row["local_rank"]), LOCAL_WORLD_SIZE=str(row["local_world_size"]),
                    NODE_RANK=str(row["node_rank"]), OMP_NUM_THREADS=str(self.threads[i]))
         return env
+
+    def heartbeat(self, unit: str) -> str:
+        """The file a rank may touch to show progress without printing (launch_stall_timeout)."""
+        return f"{self.paths['out_dir']}/heartbeat-{unit}"
 
     def mounts(self) -> list[dict[str, Any]]:
         if self.runtime == "process":
@@ -371,14 +438,6 @@ class _NodeContext:
             return None
         return {"host": self.table["master_addr"], "port": int(self.table["master_port"])}
 
-    def watch_units(self, role: str | None, expected: int) -> None:
-        if self.runtime == "process":
-            self.watch = {"run_dir": self.node_run_dir, "labels": {"torchfleet.run": self.run_id}, "expected": expected}
-        else:
-            labels = {"torchfleet.run": self.run_id}
-            if role:
-                labels["torchfleet.role"] = role
-            self.watch = {"labels": labels, "expected": expected}
 
 
 def _build_ranks(ctx: _NodeContext) -> None:
@@ -387,12 +446,12 @@ def _build_ranks(ctx: _NodeContext) -> None:
     for i, row in enumerate(ctx.rows):
         env = ctx.rank_env(row, i)
         name = ctx.name(f"rank{row['rank']}") if ctx.runtime == "container" else f"rank-{row['rank']}"
+        env["TORCHFLEET_HEARTBEAT"] = ctx.heartbeat(name)
         mems = ctx.mems(i) if ctx.runtime == "container" else None
         ctx.unit(name=name, role="rank", phase=0 if ctx.is_master else 1, argv=argv, env=env, ranks=[int(row["rank"])],
                  cpuset=ctx.cpuset(i), cpuset_mems=mems, labels=ctx.labels("rank", row["rank"]),
                  listen=ctx.master_listen() if i == 0 else None)
         ctx.rank(row, i, ctx.runtime, name, argv, env, mems=mems)
-    ctx.watch_units(None, len(ctx.rows))
 
 
 # Pins each local rank to its own cpuset with its own thread count (torchrun and mpirun
@@ -432,8 +491,9 @@ def _build_torchrun(ctx: _NodeContext) -> None:
     argv += ctx.args()
     # torchrun forces OMP_NUM_THREADS=1 for several ranks unless it is set.
     env = ctx.env()
-    env.update(OMP_NUM_THREADS=str(ctx.threads[0]), NODE_RANK=str(ctx.rows[0]["node_rank"]), **_pin_env(ctx))
     name = ctx.name("torchrun") if ctx.runtime == "container" else "torchrun"
+    env.update(OMP_NUM_THREADS=str(ctx.threads[0]), NODE_RANK=str(ctx.rows[0]["node_rank"]),
+               TORCHFLEET_HEARTBEAT=ctx.heartbeat(name), **_pin_env(ctx))
     # taskset pins each rank's CPUs; only a container can hold its memory to the ranks' nodes.
     mems = ",".join(sorted({m for i in range(len(ctx.rows)) if (m := ctx.mems(i))})) or None
     mems = mems if ctx.runtime == "container" else None
@@ -444,9 +504,8 @@ def _build_torchrun(ctx: _NodeContext) -> None:
     rank_argv = [ctx.python, "-u", *script] if not ctx.job.get("command") else workload
     for i, row in enumerate(ctx.rows):
         rank_env = ctx.rank_env(row, i)
-        rank_env.update(_pin_env(ctx))
+        rank_env.update(_pin_env(ctx), TORCHFLEET_HEARTBEAT=env["TORCHFLEET_HEARTBEAT"])
         ctx.rank(row, i, "torchrun", name, rank_argv + ctx.args(), rank_env, runner_env=TORCHRUN_DECIDES, mems=mems)
-    ctx.watch_units("torchrun", 1)
 
 
 def _build_mpirun(ctx: _NodeContext) -> None:
@@ -480,7 +539,6 @@ def _build_mpirun(ctx: _NodeContext) -> None:
                  labels=ctx.labels("mpirun"),
                  mounts=ctx.mounts() + [Mount(s.get("ssh_client_dir", "/etc/torchfleet/ssh-client"), ssh_dir,
                                               True).docker()])
-        ctx.watch_units("mpirun", 1)
     else:
         ctx.unit(name=ctx.name("sshd"), role="sshd", phase=0,
                  argv=[s.get("sshd_path", "/usr/sbin/sshd"), "-D", "-e", "-f", f"{container_dir}/sshd_config"],

@@ -67,12 +67,13 @@ def settings(**over):
 
 
 def make(mode="container", runtime=None, *, pinning=False, secret=None, args=None, workload=None, command=None,
-         per_host=None, **common):
+         per_host=None, guard=None, **common):
     """(job, table, nodes) for the 3-node cluster. ``common`` overrides every node's settings,
     ``per_host`` {host: {setting: value}} one node's."""
     job = {"run_id": RUN_ID, "job": JOB, "mode": mode, "transport": "tcp", "image": IMAGE,
            "torchrun_runtime": runtime or "container", "container_prefix": PREFIX, "command": command or [],
-           "args": list(args or []), "workload_argv": workload or ["python3", "mnist.py"], "warnings": []}
+           "args": list(args or []), "workload_argv": workload or ["python3", "mnist.py"], "warnings": [],
+           "guard": dict(guard or {})}
     table = rank_table([{"name": h, "address": a, "procs": p} for h, a, p, _ in HOSTS], PORT)
     nodes = {}
     for host, address, _, nproc in HOSTS:
@@ -294,8 +295,14 @@ def test_container_units_one_per_rank_master_first():
             {"type": "bind", "source": f"{NODE_DIR}/runs/{RUN_ID}", "target": "/out", "read_only": False},
         ]
         assert u.workdir == "/workload"
-    assert built.watch == {h: {"labels": {"torchfleet.run": RUN_ID}, "expected": n}
-                           for h, n in [("node-1", 2), ("node-2", 1), ("node-3", 1)]}
+    # Each unit starts under its guard, which reads the same guard.json on every node.
+    for i, u in enumerate(built.units):
+        assert u.command == ["python3", "/out/guard.py", "/out/guard.json", str(i), "--", *u.argv]
+        assert u.env["TORCHFLEET_HEARTBEAT"] == f"/out/heartbeat-{u.name}"
+    assert built.guard["store"] == {"host": MASTER_ADDR, "port": 29510, "node": "node-1"}
+    assert built.guard["store_unit"] == 0
+    assert {h: json.loads(f["guard.json"]) for h, f in built.files.items()} == {
+        h: built.guard for h in ("node-1", "node-2", "node-3")}
 
 
 def test_process_units():
@@ -310,8 +317,9 @@ def test_process_units():
         assert u.mounts == []
         assert u.oom_kill_disable is False
         assert u.workdir == f"{NODE_DIR}/workloads/{JOB}"
-    assert built.watch["node-2"] == {"run_dir": f"{NODE_DIR}/runs/{RUN_ID}", "labels": {"torchfleet.run": RUN_ID},
-                                     "expected": 1}
+    out = f"{NODE_DIR}/runs/{RUN_ID}"
+    for i, u in enumerate(built.units):
+        assert u.command == [PYTHON, f"{out}/guard.py", f"{out}/guard.json", str(i), "--", *u.argv]
 
 
 @pytest.mark.parametrize("runtime", ["container", "process"])
@@ -396,8 +404,9 @@ def test_mpirun_units():
     assert env2["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env2["NODE_RANK"] == "1"
     assert env2["TORCHFLEET_OUT_DIR"] == "/out"
-    assert built.watch == {"node-1": {"labels": {"torchfleet.run": RUN_ID, "torchfleet.role": "mpirun"},
-                                      "expected": 1}, "node-2": None, "node-3": None}
+    # mpirun starts after the sshds, yet the master's unit hosts the store; sshd is a service.
+    assert built.guard["store_unit"] == next(i for i, u in enumerate(built.units) if u.role == "mpirun")
+    assert [u["service"] for u in built.guard["units"]] == [u.role == "sshd" for u in built.units]
 
 
 def test_mpirun_passes_mpirun_args_before_the_rank_command():
@@ -740,3 +749,29 @@ def test_without_waiting_for_master_port_only_sshd_gates_a_phase(mode, runtime):
         assert gates(eager) == {}
     # The rest of the spec is the same.
     assert [u.phase for u in eager.units] == [u.phase for u in waiting.units]
+
+
+# --- the guard's settings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("guard, variable", [
+    ({"port": PORT}, "launch_guard_port"),
+    ({"port": 0}, "launch_guard_port"),
+    ({"port": 70000}, "launch_guard_port"),
+    ({"node_timeout": 0}, "launch_node_timeout"),
+    ({"node_timeout": 0.5, "poll_interval": 0.5}, "launch_node_timeout"),
+    ({"poll_interval": 0}, "launch_guard_poll_interval"),
+    ({"stall_timeout": -1}, "launch_stall_timeout"),
+    ({"timeout": -5}, "launch_timeout"),
+    ({"stop_grace": -1}, "launch_stop_grace"),
+])
+def test_guard_settings_refuse_what_makes_no_sense(guard, variable):
+    with pytest.raises(InventoryError) as err:
+        build("container", guard=guard)
+    assert err.value.variable == variable
+
+
+def test_guard_settings_reach_every_guard():
+    built = build("container", guard={"port": 31000, "node_timeout": 7, "stall_timeout": 30, "timeout": 600})
+    g = built.guard
+    assert (g["store"]["port"], g["node_timeout"], g["stall_timeout"], g["job_timeout"]) == (31000, 7, 30, 600)

@@ -1,0 +1,503 @@
+"""The guard: what supervises a run on the cluster, whether or not a controller watches.
+
+Every unit torchfleet starts (a rank, a torchrun agent, an sshd, mpirun) runs under a guard
+of its own: ``python3 guard.py CONFIG UNIT -- ARGV``. The guard starts ARGV, passes its
+output through, and meets the other guards in a torch TCPStore (the one torchelastic uses)
+that the guard of the master's first unit hosts on ``launch_guard_port``, bound to the
+cluster address only. Through it:
+
+- a unit that exits non-zero, stalls, or runs past the job's time sets ``abort`` once;
+  every guard stops its unit when it sees it and records why (``guard-UNIT.json``);
+- each guard bumps its heartbeat counter; the host declares a node lost when a counter
+  stands still for ``node_timeout``, and a guard that cannot reach the host for that long
+  stops its own unit (so the master's loss stops everyone too);
+- a ``stop`` file in the run's folder (``torchfleet stop``) aborts the run from any node;
+- the host writes the run's state to ``job.json``, which a controller reads to attach.
+
+It runs with the Python that runs the ranks (it needs torch) and nothing else, so it is a
+single file copied into each run's folder. The decisions are the pure functions at the top.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+# Exit codes of a guard whose unit it stopped: 128 + the signal, as a shell reports it.
+STOPPED = 128 + signal.SIGTERM
+ABORT_KINDS = ("rank_failed", "node_lost", "stalled", "timeout", "stopped")
+
+
+# --- decisions (pure; unit-tested without a store) --------------------------------------------
+
+
+def exit_code(returncode: int) -> int:
+    """A child's exit as a shell reports it: a signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def who(unit: dict) -> str:
+    """How a report names a unit: rank N (the first of its ranks for torchrun), or its role."""
+    if unit.get("role") == "rank" or (unit.get("role") == "torchrun" and unit.get("ranks")):
+        ranks = unit.get("ranks") or []
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+        return f"{label} on {unit['host']}" if unit.get("role") == "rank" else f"torchrun ({label}) on {unit['host']}"
+    return f"{unit.get('role', 'unit')} on {unit['host']}"
+
+
+def abort_for_exit(unit: dict, code: int) -> dict | None:
+    """A unit that ended with an error aborts the run; one that succeeded does not."""
+    if code == 0:
+        return None
+    return {"kind": "rank_failed", "host": unit["host"], "unit": unit["name"],
+            "reason": f"{who(unit)} exited with code {code}"}
+
+
+def stalled(unit: dict, idle_s: float, stall_timeout: float) -> dict | None:
+    if stall_timeout <= 0 or idle_s < stall_timeout:
+        return None
+    return {"kind": "stalled", "host": unit["host"], "unit": unit["name"],
+            "reason": f"{who(unit)} made no progress (no output line, no heartbeat) for {int(idle_s)}s "
+                      f"(launch_stall_timeout={stall_timeout:g})"}
+
+
+def lost_units(units: list[dict], seen: dict[int, float], finished: set[int], now: float, node_timeout: float,
+               started: float, start_timeout: float) -> list[int]:
+    """Units whose heartbeat stood still too long: ``seen`` is when each last moved (a unit
+    that never beat counts from the start, with the start's own allowance)."""
+    lost = []
+    for index in range(len(units)):
+        if index in finished:
+            continue
+        last = seen.get(index)
+        if last is None:
+            if now - started > start_timeout:
+                lost.append(index)
+        elif now - last > node_timeout:
+            lost.append(index)
+    return lost
+
+
+def abort_for_lost(units: list[dict], lost: list[int], node_timeout: float) -> dict:
+    hosts = sorted({units[i]["host"] for i in lost})
+    return {"kind": "node_lost", "host": hosts[0], "hosts": hosts, "unit": units[lost[0]]["name"],
+            "reason": f"lost {', '.join(hosts)}: no heartbeat for {node_timeout:g}s (launch_node_timeout); "
+                      f"{who(units[lost[0]])} stopped answering"}
+
+
+def job_state(units: list[dict], exits: dict[int, int], abort: dict | None, lost: list[int]) -> str:
+    """running, succeeded or failed; a stop on request is ``stopped``."""
+    primary = [i for i, u in enumerate(units) if not u.get("service")]
+    if abort:
+        return "stopped" if abort["kind"] == "stopped" else "failed"
+    if lost:
+        return "failed"
+    if all(i in exits for i in primary):
+        return "succeeded" if all(exits[i] == 0 for i in primary) else "failed"
+    return "running"
+
+
+# --- the guard --------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, path)
+
+
+class Guard:
+    def __init__(self, config: dict, index: int, argv: list[str], run_dir: str):
+        self.config, self.index, self.argv, self.run_dir = config, index, argv, run_dir
+        self.units = config["units"]
+        self.unit = self.units[index]
+        self.is_host = index == config["store_unit"]
+        self.poll = float(config.get("poll_interval", 0.5))
+        self.node_timeout = float(config["node_timeout"])
+        self.stall_timeout = float(config.get("stall_timeout", 0))
+        self.job_timeout = float(config.get("job_timeout", 0))
+        self.grace = float(config.get("stop_grace", 5))
+        self.start_timeout = float(config.get("start_timeout", 120))
+        self.store = None
+        self.child: subprocess.Popen | None = None
+        self.started = time.monotonic()
+        self.last_progress = self.started
+        self.heartbeat_file = self.unit.get("heartbeat")
+        self.heartbeat_mtime = 0.0
+        self.signalled: int | None = None
+        # A store op on a frozen or cut-off host blocks (the client sets no receive timeout);
+        # the watchdog thread ends such a guard's unit on its own (store ops release the GIL).
+        self.last_ok = time.monotonic()
+        self.ending = threading.Lock()
+        self.state = {"unit": index, "name": self.unit["name"], "host": self.unit["host"], "role": self.unit["role"],
+                      "ranks": self.unit.get("ranks", []), "state": "starting", "started_at": _now()}
+
+    # -- the child --
+
+    def start_child(self) -> None:
+        def own_group():
+            os.setpgid(0, 0)
+            _die_with_parent()
+
+        self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, preexec_fn=own_group)
+        threading.Thread(target=self._pass_output, daemon=True).start()
+        self.state.update(state="running", pid=self.child.pid)
+        self._write_state()
+
+    def _pass_output(self) -> None:
+        outs = [sys.stdout.buffer]
+        if self.unit.get("log"):
+            outs.append(open(self.unit["log"], "ab"))
+        for line in iter(self.child.stdout.readline, b""):
+            self.last_progress = time.monotonic()
+            for out in outs:
+                out.write(line)
+                out.flush()
+
+    def stop_child(self) -> int:
+        """SIGTERM to the unit's process group, SIGKILL after the grace period."""
+        if self.child.poll() is None:
+            _killpg(self.child.pid, signal.SIGTERM)
+            try:
+                self.child.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                _killpg(self.child.pid, signal.SIGKILL)
+                self.child.wait()
+        else:
+            _killpg(self.child.pid, signal.SIGKILL)  # what the unit left in its group
+        return exit_code(self.child.returncode)
+
+    def progressed(self) -> float:
+        """Seconds since the unit last wrote a line or touched its heartbeat file."""
+        if self.heartbeat_file:
+            try:
+                mtime = os.stat(self.heartbeat_file).st_mtime
+            except OSError:
+                mtime = 0.0
+            if mtime > self.heartbeat_mtime:
+                self.heartbeat_mtime = mtime
+                self.last_progress = time.monotonic()
+        return time.monotonic() - self.last_progress
+
+    # -- the store --
+
+    def connect(self, timeout: float) -> bool:
+        from torch.distributed import TCPStore  # the ranks' own torch; imported once the unit runs
+
+        host, port = self.config["store"]["host"], int(self.config["store"]["port"])
+        op_timeout = timedelta(seconds=max(1.0, min(self.node_timeout / 2, 5.0)))
+        try:
+            if self.is_host:
+                import socket
+
+                # Bound to the cluster address only, and handed to the store already listening.
+                self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+                self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                self.listener.bind((host, port))
+                self.listener.listen(256)
+                self.store = TCPStore(host, port, is_master=True, timeout=op_timeout, wait_for_workers=False,
+                                      master_listen_fd=self.listener.fileno())
+            else:
+                self.store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+                self.store.set_timeout(op_timeout)
+        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError subclasses, by version
+            self.store_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.store = None
+            return False
+        return True
+
+    def read_abort(self) -> dict | None:
+        if self.store.check(["abort"]):
+            return json.loads(self.store.get("abort"))
+        return None
+
+    def set_abort(self, abort: dict) -> dict:
+        """The first abort wins; every guard reports that one."""
+        value = self.store.compare_set("abort", "", json.dumps(abort))
+        return json.loads(value)
+
+    # -- the loop --
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        self.start_child()
+        if not self.is_host:
+            threading.Thread(target=self._watchdog, daemon=True).start()
+        abort = None
+        last_loop = time.monotonic()
+        seen: dict[int, float] = {}
+        counters: dict[int, int] = {}
+        exits: dict[int, int] = {}
+        while True:
+            now = time.monotonic()
+            if self.is_host and now - last_loop > self.node_timeout:
+                # The host itself stood still (paused, starved): the others' silence may be its
+                # own, so they get a fresh allowance; a node that is really gone is named after it.
+                seen = {i: now for i in seen}
+            last_loop = now
+            code = self.child.poll()
+            try:
+                if self.store is None:
+                    self.connect(timeout=1.0)
+                    if self.store is None:
+                        raise ConnectionError(getattr(self, "store_error", "no store yet"))
+                self.store.add(f"hb/{self.index}", 1)
+                abort = abort or self.read_abort()
+                if self.is_host:
+                    abort = abort or self._host_checks(seen, counters, exits)
+                if abort is None and self._stop_requested():
+                    abort = self.set_abort(self._stop_requested())
+                if abort is None and code is not None and code != 0:
+                    abort = self.set_abort(dict(abort_for_exit(self.unit, exit_code(code)), index=self.index))
+                if abort is None and self.signalled:
+                    abort = self.set_abort({"kind": "stopped", "host": self.unit["host"], "unit": self.unit["name"],
+                                            "reason": f"{who(self.unit)} got signal {self.signalled}"})
+                if abort is None and code is None:
+                    found = stalled(self.unit, self.progressed(), self.stall_timeout)
+                    if found:
+                        abort = self.set_abort(dict(found, index=self.index))
+                if abort is None and self.unit.get("service") and self.store.check(["done"]):
+                    return self.finish(exit_code(self.stop_child()) if self.child.poll() is None else 0,
+                                       "stopped", "the job's other units finished")
+                self.last_ok = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - any store failure counts as no contact
+                if self.is_host or not isinstance(exc, (RuntimeError, ConnectionError, OSError)):
+                    raise
+                # Without the store, what this node can tell on its own still stops its unit.
+                local = self._stop_requested() or (
+                    dict(abort_for_exit(self.unit, exit_code(code)), index=self.index) if code else None)
+                if local is None and self.signalled:
+                    local = {"kind": "stopped", "host": self.unit["host"], "unit": self.unit["name"],
+                             "reason": f"{who(self.unit)} got signal {self.signalled}"}
+                if local is None and time.monotonic() - self.last_ok > self._store_limit():
+                    local = self._store_lost()
+                abort = abort or local
+            if abort is not None:
+                return self.abort(abort, exits)
+            if code is not None:
+                # Exited cleanly: say so, and (the host) keep the store up for the others.
+                if self.store is not None:
+                    self._record_exit(0)
+                if not self.is_host:
+                    return self.finish(0, "exited")
+                if job_state(self.units, exits, None, []) == "succeeded":
+                    return self.finish_host(exits, None)
+            time.sleep(self.poll)
+
+    def _store_limit(self) -> float:
+        """Until the store first answers, the start's allowance applies."""
+        return self.node_timeout if self.store is not None else self.start_timeout
+
+    def _store_lost(self) -> dict:
+        store = self.config["store"]
+        return {"kind": "node_lost", "host": store["node"], "hosts": [store["node"]], "unit": None,
+                "reason": f"lost the supervision store on {store['node']} ({store['host']}:{store['port']}) for "
+                          f"{int(time.monotonic() - self.last_ok)}s (launch_node_timeout={self.node_timeout:g}): "
+                          "the master node stopped answering"}
+
+    def _watchdog(self) -> None:
+        while True:
+            time.sleep(self.poll)
+            if time.monotonic() - self.last_ok > self._store_limit() + 2 * self.poll:
+                if not self.ending.acquire(blocking=False):
+                    return
+                abort = self._store_lost()
+                code = self.child.poll()
+                final = self.stop_child() if code is None else exit_code(code)
+                self.state["stopped_at"] = time.time()
+                self._finish_unlocked(final, "stopped", abort["reason"], abort)
+                os._exit(final)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signalled = signum
+
+    def _stop_requested(self) -> dict | None:
+        path = os.path.join(self.run_dir, "stop")
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path) as fh:
+                why = fh.read().strip()
+        except OSError:
+            why = ""
+        return {"kind": "stopped", "host": self.unit["host"], "unit": None,
+                "reason": why or "stopped on request (torchfleet stop)"}
+
+    def _record_exit(self, code: int) -> None:
+        if not self.store.check([f"exit/{self.index}"]):
+            self.store.set(f"exit/{self.index}", str(code))
+
+    def _host_checks(self, seen: dict, counters: dict, exits: dict) -> dict | None:
+        now = time.monotonic()
+        for i in range(len(self.units)):
+            if i not in exits and self.store.check([f"exit/{i}"]):
+                exits[i] = int(self.store.get(f"exit/{i}"))
+            count = self.store.add(f"hb/{i}", 0)
+            if count and count != counters.get(i):
+                counters[i], seen[i] = count, now
+        if job_state(self.units, exits, None, []) == "succeeded":
+            self.store.set("done", "1")
+        lost = lost_units(self.units, seen, set(exits) | {self.index}, now, self.node_timeout, self.started,
+                          self.start_timeout)
+        self._write_job("running", None, exits, seen)
+        if lost:
+            return self.set_abort(abort_for_lost(self.units, lost, self.node_timeout))
+        if self.job_timeout and now - self.started > self.job_timeout:
+            return self.set_abort({"kind": "timeout", "host": self.unit["host"], "unit": None,
+                                   "reason": f"the job ran past launch_timeout={self.job_timeout:g}s"})
+        return None
+
+    def abort(self, abort: dict, exits: dict) -> int:
+        if not self.ending.acquire(blocking=False):
+            threading.Event().wait()  # the watchdog is ending this guard
+        code = self.child.poll()
+        own = abort.get("index") == self.index and abort["kind"] == "rank_failed"
+        final = self.stop_child() if code is None else exit_code(code)
+        self.state["stopped_at"] = time.time()
+        # Only the unit that caused the abort ended on its own account; any other was stopped
+        # because of it, whether by this guard or by its own runner first (torchrun's agents
+        # see a peer agent fail through their own store).
+        if own:
+            state, why = "exited", None
+        else:
+            state, why = "stopped", abort["reason"]
+        if not self.is_host:
+            # On disk first: the store may be what is gone, and an op on it may block.
+            self._finish_unlocked(final, state, why, abort)
+            if self.store is not None:
+                _bounded(lambda: self._record_exit(final), 2 * self.poll + 1)
+            return final
+        self._record_exit(final)
+        # Said at once, so that an attached controller need not wait for the stragglers.
+        self._write_job(job_state(self.units, exits, abort, []), abort, exits, {})
+        self._await_others(exits)
+        self._write_job(job_state(self.units, exits, abort, []), abort, exits, {})
+        return self.finish(final, state, why, abort)
+
+    def _await_others(self, exits: dict) -> None:
+        """The host keeps the store up until every other unit has stopped, or has gone
+        silent (a unit killed outright, a lost node): a live guard beats every poll."""
+        started = time.monotonic()
+        deadline = started + self.grace + self.node_timeout
+        counters: dict[int, int] = {}
+        moved: dict[int, float] = {}
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            for i in range(len(self.units)):
+                if i in exits:
+                    continue
+                if self.store.check([f"exit/{i}"]):
+                    exits[i] = int(self.store.get(f"exit/{i}"))
+                    continue
+                count = self.store.add(f"hb/{i}", 0)
+                if count != counters.get(i):
+                    counters[i], moved[i] = count, now
+            waiting = [i for i in range(len(self.units)) if i not in exits
+                       and now - moved.get(i, started) < 2 * self.poll + 1 + (self.grace if i in moved else 0)]
+            if not waiting:
+                return
+            time.sleep(self.poll)
+
+    def finish_host(self, exits: dict, abort: dict | None) -> int:
+        # Services (sshd) stop once they see `done`; give them a moment to say so.
+        deadline = time.monotonic() + self.grace + 2 * self.poll
+        while len(exits) < len(self.units) and time.monotonic() < deadline:
+            for i in range(len(self.units)):
+                if i not in exits and self.store.check([f"exit/{i}"]):
+                    exits[i] = int(self.store.get(f"exit/{i}"))
+            time.sleep(self.poll)
+        self._write_job(job_state(self.units, exits, abort, []), abort, exits, {})
+        return self.finish(0, "exited")
+
+    def finish(self, code: int, state: str, why: str | None = None, abort: dict | None = None) -> int:
+        self.ending.acquire(blocking=False)
+        return self._finish_unlocked(code, state, why, abort)
+
+    def _finish_unlocked(self, code: int, state: str, why: str | None, abort: dict | None) -> int:
+        self.state.update(state=state, exit_code=code, ended_at=_now())
+        if why:
+            self.state["stopped_because"] = why
+        if abort:
+            self.state["abort"] = abort
+        if why:
+            self._say(f"[torchfleet guard] stopped {who(self.unit)}: {why}")
+        self._write_state()
+        return code
+
+    def _say(self, text: str) -> None:
+        """A line of the guard's own in the unit's log."""
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        if self.unit.get("log"):
+            with open(self.unit["log"], "a") as fh:
+                fh.write(text + "\n")
+
+    def _write_state(self) -> None:
+        write_json(os.path.join(self.run_dir, f"guard-{self.index}.json"), self.state)
+
+    def _write_job(self, state: str, abort: dict | None, exits: dict, seen: dict) -> None:
+        now = time.monotonic()
+        write_json(os.path.join(self.run_dir, "job.json"), {
+            "run_id": self.config["run_id"], "job": self.config["job"], "state": state, "abort": abort,
+            "updated_at": _now(), "elapsed_s": round(now - self.started, 1),
+            "units": [{"name": u["name"], "host": u["host"], "role": u["role"], "exit_code": exits.get(i),
+                       "heartbeat_age_s": round(now - seen[i], 1) if i in seen else None}
+                      for i, u in enumerate(self.units)],
+        })
+
+
+def _bounded(fn, timeout: float) -> None:
+    """Run a store op that may block for ever (a frozen host), for at most ``timeout``."""
+    def attempt():
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the store may be what is gone
+            pass
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(timeout)
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """The unit gets SIGKILL if its guard is killed outright (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        sys.stderr.write("usage: guard.py CONFIG UNIT -- ARGV...\n")
+        return 2
+    config_path, index, command = argv[0], int(argv[1]), argv[3:]
+    with open(config_path) as fh:
+        config = json.load(fh)
+    return Guard(config, index, command, os.path.dirname(os.path.abspath(config_path))).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
