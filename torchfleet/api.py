@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from torchfleet.errors import HostUnreachable, InventoryError, JobFailed, TaskFailed, TorchfleetError
+from torchfleet.errors import (HostUnreachable, Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed,
+                               TorchfleetError)
 from torchfleet.spec import RankSpec, new_run_id
 
 # Argument specs report bad input in their own shape; every other input check of
@@ -63,7 +64,9 @@ class Failure:
     action: str = ""
     variable: str | None = None
     # input: the inventory or the variables are wrong, and nothing was changed; node: a
-    # node failed a command or is not in the state the launch needs.
+    # node failed a command or is not in the state the launch needs; running: the job
+    # still runs; a run's end as its guards saw it: rank_failed, node_lost, stalled,
+    # timeout, stopped.
     kind: str = "node"
 
 
@@ -85,6 +88,8 @@ class PlaybookResult:
     duration_s: float
     hosts: dict[str, HostResult] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    # The signal (SIGINT, SIGTERM) that cancelled the playbook, if one did.
+    interrupted: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -159,6 +164,8 @@ class RankResult:
     log_path: str | None
     cpuset: str | None = None
     cpuset_mems: str | None = None
+    # Why the guards stopped this rank, as its guard recorded it.
+    stopped_because: str | None = None
 
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
@@ -177,6 +184,9 @@ class RunResult:
     loss_plot: str | None
     summary_path: str
     failed_rank: int | None = None
+    # Why the guards stopped the run: kind (rank_failed, node_lost, stalled, timeout,
+    # stopped), host and reason; None for a run that ended by itself.
+    abort: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunResult":
@@ -195,7 +205,8 @@ class RunResult:
             ranks=[
                 RankResult(rank=r["rank"], host=r["host"], exit_code=r["exit_code"], outcome=r["outcome"],
                            duration_s=r["duration_s"], last_loss=r["last_loss"], steps=r.get("steps", 0),
-                           log_path=r["log"], cpuset=r.get("cpuset"), cpuset_mems=r.get("cpuset_mems"))
+                           log_path=r["log"], cpuset=r.get("cpuset"), cpuset_mems=r.get("cpuset_mems"),
+                           stopped_because=r.get("stopped_because"))
                 for r in data["ranks"]
             ],
             checksums_equal=data["checksums_equal"],
@@ -203,6 +214,7 @@ class RunResult:
             loss_plot=str(plot) if plot.is_file() else None,
             summary_path=str(path),
             failed_rank=(data.get("failed_rank") or {}).get("rank"),
+            abort=data.get("abort"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +236,8 @@ class Job:
     master_port: int | None = None
     timeout: int | None = None
     run_id: str | None = None
+    # Stop a still-running run of the same job first (launch_replace) instead of refusing.
+    replace: bool = False
     extra_vars: Mapping[str, Any] = field(default_factory=dict)
 
     def to_vars(self) -> dict[str, Any]:
@@ -246,8 +260,80 @@ class Job:
             out["launch_timeout"] = int(self.timeout)
         if self.run_id is not None:
             out["launch_run_id"] = self.run_id
+        if self.replace:
+            out["launch_replace"] = True
         out.update(self.extra_vars)
         return out
+
+
+@dataclass
+class RunStatus:
+    """A run as the nodes hold it: its state (the master's job.json where it answers),
+    why it was stopped, each node's units and the latest log lines."""
+
+    run_id: str
+    state: str
+    job: str | None
+    abort: dict[str, Any] | None
+    nodes: dict[str, Any]
+    unreachable: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Run:
+    """A run on the cluster, whichever controller started it."""
+
+    def __init__(self, cluster: "Cluster", run_id: str):
+        self.cluster, self.run_id = cluster, run_id
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id!r})"
+
+    def status(self, log_lines: int = 1) -> RunStatus:
+        view = self.cluster._control("logs" if log_lines > 1 else "status", self.run_id, launch_log_lines=log_lines)
+        nodes = {h: r for h, r in (view.get("nodes") or {}).items() if r}
+        master = next((r for r in nodes.values() if r.get("job_state")), None)
+        states = [r.get("state") for r in nodes.values()]
+        if master:
+            state, abort = master["job_state"]["state"], master["job_state"].get("abort")
+        else:
+            state = "running" if "running" in states else (states[0] if states else "unknown")
+            abort = next((u.get("abort") for r in nodes.values() for u in r.get("units", []) if u.get("abort")), None)
+        return RunStatus(run_id=self.run_id, state=state, job=next((r.get("job") for r in nodes.values()), None),
+                         abort=abort, nodes=nodes, unreachable=view.get("unreachable") or [])
+
+    def logs(self, lines: int = 20) -> dict[str, dict[str, list[str]]]:
+        """The last ``lines`` of every log of the run, by host and file."""
+        return {h: r.get("logs") or {} for h, r in self.status(lines).nodes.items()}
+
+    def attach(self) -> RunResult:
+        """Follow the run until it ends, then collect it. Ctrl-C only detaches: the run goes
+        on, and Interrupted says so."""
+        out = self.cluster._control("attach", self.run_id, interruptible=True)
+        if "interrupted" in out:
+            raise Interrupted(f"detached from run {self.run_id}, which goes on; `torchfleet attach {self.run_id}` "
+                              "follows it again", signum=out["interrupted"], run_id=self.run_id, detached=True)
+        return self.cluster._finish(out["result"], self.run_id)
+
+    def stop(self, reason: str | None = None) -> RunResult:
+        """Stop every rank on every node, then collect the run."""
+        variables = {"launch_stop_reason": reason} if reason else {}
+        out = self.cluster._control("stop", self.run_id, **variables)
+        try:
+            return self.cluster._finish(out["result"], self.run_id)
+        except JobFailed as exc:
+            # Stopped as asked: the report, not an error.
+            if exc.run is not None and (exc.run.abort or {}).get("kind") == "stopped":
+                return exc.run
+            raise
+
+    def collect(self) -> RunResult:
+        """Bring the run's logs, checksums and model into runs/<run_id>/ (a finished run's
+        units are removed first; a running one is left running)."""
+        out = self.cluster._control("collect", self.run_id)
+        return self.cluster._finish(out["result"], self.run_id)
 
 
 # --- running playbooks ----------------------------------------------------------------------
@@ -290,7 +376,7 @@ class _Collector:
                 unreachable=kind == "runner_on_unreachable",
                 action=action,
                 variable=variable,
-                kind="input" if is_input else "node",
+                kind="input" if is_input else typed.get("kind") or "node",
             ))
         elif kind == "runner_on_ok":
             res = data.get("res") or {}
@@ -357,13 +443,92 @@ class Cluster:
         return result
 
     def launch(self, job: Job | None = None) -> RunResult:
-        """Run one job; returns its report or raises JobFailed carrying it."""
+        """Run one job attached: submit, follow, collect. Returns its report or raises
+        JobFailed carrying it. SIGTERM or Ctrl-C stops every rank on every node, collects
+        the logs and raises Interrupted."""
         job = job or Job()
         run_id = job.run_id or new_run_id()
         variables = dict(job.to_vars(), launch_run_id=run_id)
-        result, _ = self._run("playbooks/launch.yml", f"launch {run_id}", variables)
+        result, _ = self._run("playbooks/launch.yml", f"launch {run_id}", variables, interruptible=True)
+        if result.interrupted:
+            self._stop_interrupted(run_id, result.interrupted)
+        return self._finish(result, run_id)
+
+    def submit(self, job: Job | None = None) -> "Run":
+        """Start a job and return once every rank has started, master first. The guards
+        supervise it on the cluster; the returned handle (or ``Cluster.run(id)`` from any
+        controller) looks at it, follows it, stops it and collects it."""
+        job = job or Job()
+        run_id = job.run_id or new_run_id()
+        variables = dict(job.to_vars(), launch_run_id=run_id, launch_detach=True)
+        result, _ = self._run("playbooks/launch.yml", f"submit {run_id}", variables, interruptible=True)
+        if result.interrupted:
+            self._stop_interrupted(run_id, result.interrupted)
+        if not result.ok:
+            self._finish(result, run_id)
+        return Run(self, run_id)
+
+    def run(self, run_id: str) -> "Run":
+        """A handle on a run that is (or was) on the cluster."""
+        return Run(self, run_id)
+
+    def cluster_runs(self) -> list[dict[str, Any]]:
+        """Every run the nodes hold and every run in runs/, newest last: run_id, job, state,
+        where it was found (nodes, local) and the nodes that did not answer."""
+        view = self._control("runs", None)
+        found: dict[str, dict[str, Any]] = {}
+        for host, node in sorted((view.get("nodes") or {}).items()):
+            for r in node or []:
+                entry = found.setdefault(r["run_id"], {"run_id": r["run_id"], "job": r.get("job"), "state": None,
+                                                        "nodes": [], "local": False})
+                entry["nodes"].append(host)
+                # The master's job.json speaks for the run; other nodes only for their units.
+                if r.get("job_state") or entry["state"] in (None, "exited", "unknown"):
+                    entry["state"] = r["state"]
+        for run_id in self.runs():
+            entry = found.setdefault(run_id, {"run_id": run_id, "job": None, "state": None, "nodes": [], "local": True})
+            entry["local"] = True
+            if entry["state"] is None:
+                summary = json.loads((self.runs_dir / run_id / "summary.json").read_text())
+                entry["state"] = "succeeded" if summary.get("ok") else "failed"
+        for entry in found.values():
+            entry["unreachable"] = view.get("unreachable") or []
+        return [found[k] for k in sorted(found)]
+
+    def _control(self, action: str, run_id: str | None, interruptible: bool = False,
+                 **variables: Any) -> dict[str, Any]:
+        result, collected = self._run("playbooks/run.yml", f"{action} {run_id or ''}".strip(),
+                                      dict(variables, launch_run_action=action,
+                                           **({"launch_run_id": run_id} if run_id else {})), interruptible)
+        if result.interrupted:
+            return {"interrupted": result.interrupted}
+        if action in ("attach", "stop", "collect"):
+            return {"result": result}
+        view = collected.debug_vars.get("launch_run_view")
+        if view is None:
+            self._raise_for(result, action)
+            raise TorchfleetError(f"{action} returned nothing")
+        self._raise_for(result if not result.failures or not all(f.unreachable for f in result.failures)
+                        else dataclasses.replace(result, status="successful"), action)
+        return view
+
+    def _stop_interrupted(self, run_id: str, signum: int) -> None:
+        """After Ctrl-C or SIGTERM on an attached launch: stop the run everywhere, keep its
+        logs, and say so."""
+        name = signal.Signals(signum).name
+        try:
+            self._control("stop", run_id, launch_stop_reason=f"the controller's launch was interrupted ({name})")
+        finally:
+            raise Interrupted(f"run {run_id} was interrupted ({name}); every rank was stopped and the logs are in "
+                              f"{self.runs_dir / run_id}", signum=signum, run_id=run_id)
+
+    def _finish(self, result: PlaybookResult, run_id: str) -> RunResult:
+        """The report of a run whose playbook ended, or the error that ended it."""
         run_dir = self.runs_dir / run_id
         run = RunResult.load(run_dir) if (run_dir / "summary.json").is_file() else None
+        refused = next((f for f in result.failures if f.kind == "running"), None)
+        if refused is not None:
+            raise JobRunning(refused.message, refused.host, refused.task)
         others = [f for f in result.failures if not f.action.endswith("job_report")]
         if run is not None and others and all(r.outcome == "not started" for r in run.ranks):
             # Nothing ran: the task that kept the ranks from starting is the error, not the job.
@@ -374,7 +539,8 @@ class Cluster:
             raise JobFailed(
                 failure.message if failure else f"run {run_id} failed",
                 run,
-                host=next((r.host for r in run.ranks if r.rank == run.failed_rank), failure and failure.host),
+                host=(run.abort or {}).get("host") if run.abort and run.abort.get("kind") != "rank_failed"
+                else next((r.host for r in run.ranks if r.rank == run.failed_rank), failure and failure.host),
                 task=failure.task if failure else None,
                 playbook=result.playbook,
                 failures=result.failures,
@@ -418,7 +584,10 @@ class Cluster:
             raise TorchfleetError(f"no runs in {self.runs_dir} yet")
         return self.runs_dir / runs[-1]
 
-    def _run(self, playbook: str, title: str, variables: Mapping[str, Any]) -> tuple[PlaybookResult, _Collector]:
+    def _run(self, playbook: str, title: str, variables: Mapping[str, Any],
+             interruptible: bool = False) -> tuple[PlaybookResult, _Collector]:
+        """Run a playbook. SIGTERM or Ctrl-C cancels it; with ``interruptible`` the signal is
+        then the caller's to handle (``result.interrupted``), else it goes on at once."""
         import ansible_runner
 
         collector = _Collector(self._hook_factory(title))
@@ -431,7 +600,7 @@ class Cluster:
             **self.env,
         }
         started = time.monotonic()
-        with _cancel_on_signals() as cancel, _private_folder() as private:
+        with _cancel_on_signals(reraise=not interruptible) as cancel, _private_folder() as private:
             cancel.folder = private
             # Variables (a registry password, secret env) reach ansible-playbook as -e @file, a
             # 0600 file in a 0700 folder: never on its command line or in artifacts/*/command.
@@ -457,7 +626,8 @@ class Cluster:
             for host, count in collector.stats.get(key, {}).items():
                 setattr(hosts.setdefault(host, HostResult(host)), attr, count)
         result = PlaybookResult(playbook=playbook, status=status, rc=rc, duration_s=round(time.monotonic() - started, 1),
-                                hosts=dict(sorted(hosts.items())), failures=collector.failures)
+                                hosts=dict(sorted(hosts.items())), failures=collector.failures,
+                                interrupted=cancel.received[0] if cancel.received else None)
         if collector.hook is not None and hasattr(collector.hook, "close"):
             collector.hook.close(result)
         return result, collector
@@ -627,9 +797,10 @@ def _processes_naming(folder: Path | None) -> list[int]:
 
 
 @contextmanager
-def _cancel_on_signals() -> Iterator[_Cancel]:
+def _cancel_on_signals(reraise: bool = True) -> Iterator[_Cancel]:
     """SIGTERM or Ctrl-C cancels the run in hand; once the caller has cleaned up, the
-    signal goes on to whatever handled it before (KeyboardInterrupt, or the end)."""
+    signal goes on to whatever handled it before (KeyboardInterrupt, or the end), unless
+    the caller handles it itself."""
     cancel = _Cancel()
     if threading.current_thread() is not threading.main_thread():
         yield cancel  # only the main thread may set signal handlers
@@ -642,7 +813,7 @@ def _cancel_on_signals() -> Iterator[_Cancel]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if cancel.received:
+    if cancel.received and reraise:
         signal.raise_signal(cancel.received[0])
 
 

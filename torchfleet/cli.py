@@ -1,7 +1,12 @@
-"""The `torchfleet` command: plan, up, launch, logs, down, and the local docker-host cluster.
+"""The `torchfleet` command: plan, up, launch, the runs on the cluster (runs, status,
+attach, logs, stop, collect), down, and the local docker-host cluster.
 
-Exit codes: 0 done; 1 the job ran and a rank failed; 2 bad input (inventory, variables,
-usage); 3 a task failed on a node or a node was unreachable; 4 anything else.
+Exit codes: 0 done; 1 the job ran and a rank failed (or it was stopped on request); 2 bad
+input (inventory, variables, usage); 3 a task failed on a node or a node was unreachable
+before the job ran; 4 anything else; 5 a node was lost while the job ran; 6 a rank stalled
+(launch_stall_timeout) or the job ran past launch_timeout; 7 the launch was refused because
+its job still runs; 130 an attached launch was interrupted (Ctrl-C, SIGTERM): every rank was
+stopped and the logs collected. Ctrl-C on attach or logs -f only detaches (exit 0).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,11 +25,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from torchfleet import api
-from torchfleet.errors import InventoryError, JobFailed, TaskFailed, TorchfleetError
+from torchfleet.errors import Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed, TorchfleetError
 
 # Piped output (CI logs, files) gets wide tables rather than truncated cells.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_TASK_FAILED, EXIT_OTHER = 0, 1, 2, 3, 4
+EXIT_NODE_LOST, EXIT_STALLED, EXIT_RUNNING, EXIT_INTERRUPTED = 5, 6, 7, 130
+# How the guards' reason for stopping a run maps to an exit code.
+EXIT_BY_ABORT = {"node_lost": EXIT_NODE_LOST, "stalled": EXIT_STALLED, "timeout": EXIT_STALLED}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,9 +41,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = args.func(args)
         code = EXIT_OK
     except JobFailed as exc:
-        payload, code = _error(exc, run=exc.run.to_dict() if exc.run else None), EXIT_JOB_FAILED
+        abort = (exc.run.abort or {}) if exc.run else {}
+        payload = _error(exc, run=exc.run.to_dict() if exc.run else None, abort=abort or None)
+        code = EXIT_BY_ABORT.get(abort.get("kind"), EXIT_JOB_FAILED)
         if not args.json and exc.run:
             _print_run(exc.run)
+    except Interrupted as exc:
+        payload = _error(exc, run_id=exc.run_id, detached=exc.detached)
+        code = EXIT_OK if exc.detached else EXIT_INTERRUPTED
+        if exc.detached and not args.json:
+            out.print(escape(exc.message))
+            payload = {"ok": True, "detached": True, "run_id": exc.run_id}
+    except JobRunning as exc:
+        payload, code = _error(exc, variable="launch_job"), EXIT_RUNNING
     except InventoryError as exc:
         payload, code = _error(exc, variable=exc.variable), EXIT_BAD_INPUT
     except TaskFailed as exc:
@@ -89,14 +108,105 @@ def cmd_up(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_launch(args: argparse.Namespace) -> dict[str, Any]:
-    run = _cluster(args).launch(_job(args))
+    cluster = _cluster(args)
+    if args.detach:
+        handle = cluster.submit(_job(args))
+        if not args.json:
+            out.print(f"run {handle.run_id} started; the cluster supervises it. Follow it: torchfleet attach "
+                      f"{handle.run_id}   stop it: torchfleet stop {handle.run_id}")
+        return {"ok": True, "run_id": handle.run_id, "detached": True}
+    run = cluster.launch(_job(args))
     if not args.json:
         _print_run(run)
     return {"ok": True, "run": run.to_dict()}
 
 
+def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
+    runs = _cluster(args).cluster_runs()
+    if not args.json:
+        table = Table("run", "job", "state", "on nodes", "collected")
+        for r in runs:
+            table.add_row(r["run_id"], r.get("job") or "-", r.get("state") or "-", ",".join(r["nodes"]) or "-",
+                          "yes" if r["local"] else "no")
+        out.print(table)
+        if runs and runs[0]["unreachable"]:
+            out.print(f"[yellow]not answering:[/] {', '.join(runs[0]['unreachable'])}")
+    return {"ok": True, "runs": runs}
+
+
+def cmd_status(args: argparse.Namespace) -> dict[str, Any]:
+    status = _cluster(args).run(args.run_id).status()
+    if not args.json:
+        out.print(f"[bold]run {status.run_id}[/] ({status.job or '-'}): {status.state}"
+                  + (f" - {escape(status.abort['reason'])}" if status.abort else ""))
+        table = Table("host", "unit", "state", "exit", "why stopped")
+        for host, node in status.nodes.items():
+            for u in node.get("units", []):
+                table.add_row(host, u["name"], u["state"], "-" if u.get("exit_code") is None else str(u["exit_code"]),
+                              escape(u.get("stopped_because") or ""))
+        out.print(table)
+        if status.unreachable:
+            out.print(f"[yellow]not answering:[/] {', '.join(status.unreachable)}")
+    return {"ok": True, "status": status.to_dict()}
+
+
+def cmd_attach(args: argparse.Namespace) -> dict[str, Any]:
+    run = _cluster(args).run(args.run_id).attach()
+    if not args.json:
+        _print_run(run)
+    return {"ok": True, "run": run.to_dict()}
+
+
+def cmd_stop(args: argparse.Namespace) -> dict[str, Any]:
+    run = _cluster(args).run(args.run_id).stop()
+    if not args.json:
+        _print_run(run)
+    return {"ok": True, "run": run.to_dict()}
+
+
+def cmd_collect(args: argparse.Namespace) -> dict[str, Any]:
+    run = _cluster(args).run(args.run_id).collect()
+    if not args.json:
+        _print_run(run)
+    return {"ok": True, "run": run.to_dict()}
+
+
+def _follow(cluster: api.Cluster, run_id: str, interval: float, lines: int) -> dict[str, Any]:
+    """Print new log lines as they come, until the run ends; Ctrl-C only stops following."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    handle = cluster.run(run_id)
+    try:
+        while True:
+            status = handle.status(log_lines=lines)
+            for host, node in sorted(status.nodes.items()):
+                for name, text in sorted((node.get("logs") or {}).items()):
+                    for line in _new_lines(seen.get((host, name), []), text):
+                        out.print(f"[dim]{host} {name}:[/] {escape(line)}")
+                    seen[(host, name)] = text
+            if status.state != "running":
+                out.print(f"run {run_id}: {status.state}" + (f" - {escape(status.abort['reason'])}"
+                                                              if status.abort else ""))
+                return {"ok": True, "run_id": run_id, "state": status.state}
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        out.print(f"stopped following run {run_id}, which goes on")
+        return {"ok": True, "run_id": run_id, "detached": True}
+
+
+def _new_lines(old: list[str], new: list[str]) -> list[str]:
+    """The lines of ``new`` (a log's latest lines) after what ``old`` already showed."""
+    for k in range(min(len(old), len(new)), 0, -1):
+        if new[:k] == old[-k:]:
+            return new[k:]
+    return new
+
+
 def cmd_logs(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _cluster(args)
+    if args.follow:
+        if not args.run_id:
+            raise InventoryError("logs -f needs a run id (torchfleet runs lists them)", variable="run_id")
+        return _follow(cluster, args.run_id, args.interval, max(args.tail or 20, 20))
     run = cluster.report(args.run_id)
     logs = cluster.logs(run.run_id, args.rank)
     if args.tail:
@@ -167,7 +277,8 @@ def _job(args: argparse.Namespace) -> api.Job:
                    entrypoint=getattr(args, "entrypoint", None),
                    name=getattr(args, "job", None), env=env or None, secret_env=secret_env or None,
                    timeout=getattr(args, "timeout", None),
-                   run_id=getattr(args, "run_id", None), master_port=getattr(args, "master_port", None))
+                   run_id=getattr(args, "run_id", None), master_port=getattr(args, "master_port", None),
+                   replace=getattr(args, "replace", False))
 
 
 def _hosts_result(args: argparse.Namespace, result: api.PlaybookResult) -> dict[str, Any]:
@@ -236,14 +347,32 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env", dest="env_vars", action="append", metavar="KEY=VALUE", help="more rank environment")
     p.add_argument("--secret-env", action="append", metavar="NAME",
                    help="pass this environment variable's value to the ranks as a secret (never shown)")
-    p.add_argument("--timeout", type=int, help="seconds before a hung job is stopped")
+    p.add_argument("--timeout", type=int, help="seconds before the guards stop the job (launch_timeout)")
+    p.add_argument("--detach", action="store_true",
+                   help="return once every rank has started; the cluster supervises the run (see attach, stop)")
+    p.add_argument("--replace", action="store_true",
+                   help="stop a still-running run of the same job first (its logs are kept) instead of refusing")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("runs", parents=[common], help="list the runs on the cluster and in runs/, with their state")
+    p.set_defaults(func=cmd_runs)
+    for name, func, text in (
+            ("status", cmd_status, "a run's state on the cluster, unit by unit"),
+            ("attach", cmd_attach, "follow a run until it ends, then collect it (Ctrl-C only detaches)"),
+            ("stop", cmd_stop, "stop every rank of a run on every node, and collect it"),
+            ("collect", cmd_collect, "bring a run's logs, checksums and model into runs/RUN/")):
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("run_id", help="the run's id (torchfleet runs lists them)")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("logs", parents=[common], help="print a run's per-rank logs (default: the latest run)")
     p.add_argument("run_id", nargs="?", help="run id (see runs/)")
     p.add_argument("--rank", type=int, help="only this rank")
     p.add_argument("--tail", type=int, help="only the last N lines of each log")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="follow the logs on the cluster as they grow (Ctrl-C stops following; the run goes on)")
+    p.add_argument("--interval", type=float, default=3, help="seconds between reads with -f")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("down", parents=[common], help="stop and remove every rank on the nodes")

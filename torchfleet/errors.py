@@ -58,3 +58,16 @@ class JobFailed(TaskFailed):
         self.run = run
         self.rank = run.failed_rank if run is not None else None
         super().__init__(message, host, task, playbook, failures)
+
+
+class JobRunning(TorchfleetError):
+    """A launch refused because its job still runs (the cluster's state is the lock)."""
+
+
+class Interrupted(TorchfleetError):
+    """SIGINT or SIGTERM ended what the controller was doing. An attached launch stopped
+    the run first; ``detached`` says the run goes on (attach, logs -f)."""
+
+    def __init__(self, message: str, signum: int, run_id: str | None = None, detached: bool = False):
+        self.signum, self.run_id, self.detached = signum, run_id, detached
+        super().__init__(message)

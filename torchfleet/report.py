@@ -103,7 +103,8 @@ def launcher_finals(launcher: Mapping[str, Any], ranks: list[int], failed: Mappi
         elif index in failed:
             final.update(exit_code=failed[index], stopped_by_torchfleet=False)
         else:
-            final.update(exit_code=None, stopped_by_torchfleet=others_stopped)
+            final.update(exit_code=None, stopped_by_torchfleet=others_stopped,
+                         stopped_because=launcher.get("stopped_because") if others_stopped else None)
         finals.append(final)
     return finals
 
@@ -138,12 +139,68 @@ def torchrun_finals(node: Mapping[str, Any], log: str, ranks: list[int]) -> list
     return launcher_finals(node, ranks, failed, others_stopped=bool(node))
 
 
+def guard_key(role: str | None, name: str | None, ranks: list[int] | int | None) -> tuple[str | None, int]:
+    """A unit as both its guard and the node modules name it: its name (a container's, the
+    same on every node for torchrun's agent) and its first rank (-1 for sshd and mpirun)."""
+    if isinstance(ranks, int):
+        return name, ranks
+    return name, (ranks or [-1])[0] if role in ("rank", "torchrun", None) else -1
+
+
+def guard_records(run_dir: str | Path) -> tuple[dict[tuple, dict[str, Any]], dict[str, Any] | None]:
+    """What each unit's guard recorded (guard-N.json), by guard_key, and why the run was
+    aborted: the master's job.json, else the first guard that says."""
+    run_dir = Path(run_dir)
+    guards = {}
+    for path in sorted(run_dir.glob("guard-*.json")):
+        try:
+            state = json.loads(path.read_text())
+        except ValueError:
+            continue
+        guards[guard_key(state.get("role"), state["name"], state.get("ranks"))] = state
+    abort = None
+    job = run_dir / "job.json"
+    if job.is_file():
+        try:
+            abort = json.loads(job.read_text()).get("abort")
+        except ValueError:
+            pass
+    abort = abort or next((g["abort"] for g in guards.values() if g.get("abort")), None)
+    return guards, abort
+
+
+def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A unit its guard stopped counts as stopped, with the guard's reason; one that ended
+    on its own keeps its exit code, whoever removed its container afterwards."""
+    out = []
+    named = set()
+    for final in finals:
+        final = dict(final)
+        key = guard_key(None, final.get("name"), int(final.get("rank", -1)))
+        named.add(key)
+        guard = guards.get(key)
+        if guard and guard.get("state") in ("stopped", "exited"):
+            final["stopped_by_torchfleet"] = guard["state"] == "stopped"
+            final["stopped_because"] = guard.get("stopped_because")
+            if guard.get("exit_code") is not None:
+                final["exit_code"] = guard["exit_code"]
+        out.append(final)
+    # A unit whose container was already removed (a replaced run's, say) is known by its guard.
+    for (name, first), guard in guards.items():
+        if (name, first) in named or guard.get("state") not in ("stopped", "exited"):
+            continue
+        out.append({"name": name, "rank": first, "role": guard.get("role", "rank"), "exit_code": guard.get("exit_code"),
+                    "started_at": guard.get("started_at"), "finished_at": guard.get("ended_at"),
+                    "stopped_by_torchfleet": guard["state"] == "stopped", "stopped_because": guard.get("stopped_because")})
+    return out
+
+
 def tail(log: str, lines: int = 15) -> str:
     return "\n".join(log.rstrip().splitlines()[-lines:])
 
 
 def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
-              run_dir: str | Path, master_listened: bool = True) -> dict[str, Any]:
+              run_dir: str | Path, master_listened: bool = True, abort: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Combine the launch spec, each rank's final state and the fetched logs.
 
     ``finals`` holds one mapping per rank as the node-side module reported it before
@@ -187,6 +244,7 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
                 "first_step_at": steps[0]["time"] if steps else None,
                 "log": str(log_path) if log_path.exists() else None,
                 "peer_error": bool(PEER_ERROR_RE.search(log)),
+                "stopped_because": final.get("stopped_because"),
                 "log_tail": tail(log),
                 # Kept here so the plot needs no second pass over the logs.
                 "curve": [[s["step"], s["loss"]] for s in steps],
@@ -207,7 +265,8 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         "master": f"{spec['master_addr']}:{spec['master_port']}",
         "world_size": spec["world_size"],
         "mode": spec.get("mode"),
-        "ok": culprit is None and all(r["outcome"] == "ok" for r in rows),
+        "ok": culprit is None and not abort and all(r["outcome"] == "ok" for r in rows),
+        "abort": dict(abort) if abort else None,
         "failed_rank": culprit,
         "checksums": checksums,
         # None where the job writes no checksums: there is nothing to compare.
@@ -243,6 +302,13 @@ def format_table(summary: Mapping[str, Any]) -> list[str]:
 
 def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> str:
     c = summary["failed_rank"]
+    abort = summary.get("abort") or {}
+    if abort and abort.get("kind") != "rank_failed":
+        message = f"run {summary['run_id']} was stopped by its guards: {abort['reason']}"
+        stopped = [r for r in summary["ranks"] if r["outcome"] == "stopped"]
+        kept = [r["host"] for r in summary["ranks"] if r.get("log")]
+        message += f"; {len(stopped)} rank(s) stopped, logs kept from {', '.join(sorted(set(kept))) or 'no node'}"
+        return message
     if c is None:
         message = f"run {summary['run_id']} was stopped: {reason or 'not every rank finished'}"
         master = summary["ranks"][0] if summary["ranks"] else None

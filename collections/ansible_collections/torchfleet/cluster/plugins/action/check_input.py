@@ -26,10 +26,15 @@ options:
     description: The variable the user has to change.
     type: str
     required: true
+  kind:
+    description: C(input), or C(running) for a launch refused because its job still runs.
+    type: str
+    default: input
 """
 
 ARGS = {"that": {"type": "bool", "required": True}, "msg": {"type": "str", "required": True},
-        "variable": {"type": "str", "required": True}}
+        "variable": {"type": "str", "required": True},
+        "kind": {"type": "str", "choices": ["input", "running"], "default": "input"}}
 
 
 class ActionModule(ActionBase):
@@ -43,4 +48,4 @@ class ActionModule(ActionBase):
             result.update(changed=False)
             return result
         host = task_vars["inventory_hostname"]
-        return core.fail_input(result, InventoryError(args["msg"], host, args["variable"]))
+        return core.fail_input(result, InventoryError(args["msg"], host, args["variable"]), args["kind"])

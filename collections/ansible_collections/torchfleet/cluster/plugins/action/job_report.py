@@ -1,6 +1,5 @@
 """Write a run's summary.json, print the per-rank table, and fail naming the culprit."""
 
-import shutil
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
@@ -33,8 +32,11 @@ options:
     elements: dict
     required: true
   reason:
-    description: Why the run was stopped, when no rank is to blame (a time-out).
+    description: Why the run was stopped, when no guard said (a start that failed).
     type: str
+  abort:
+    description: Why the guards stopped the run (kind, host, reason), as the controller saw it; else job.json's.
+    type: dict
   mpirun_log:
     description: mpirun's tagged output on the controller (mpirun mode); split into rank logs.
     type: path
@@ -57,24 +59,28 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._task.args
         finals, reason = args["finals"], args.get("reason")
+        guards, abort = report.guard_records(args["run_dir"])
+        abort = args.get("abort") or abort
+        finals = report.apply_guards(finals, guards)
         if args.get("mpirun_log"):
             finals, reason = self._split_mpirun(args, finals, reason)
         elif args.get("torchrun"):
             finals = self._split_torchrun(args, finals)
         summary = report.summarize(args["run_id"], args["spec"], finals, args["run_dir"],
-                                   bool(args.get("master_listened", True)))
+                                   bool(args.get("master_listened", True)), abort)
         # Each rank's row holds its own part; this is the rest (units, phases, warnings).
         summary["spec"] = {k: v for k, v in args["spec"].items() if k != "ranks"}
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)
         display.display("\n".join([f"torchfleet run {args['run_id']}  ({path})", *table]))
-        shutil.rmtree(Path(args["run_dir"]) / ".abort", ignore_errors=True)
         if not summary["ok"]:
             # Keep the failure short: the message, and where the rest is.
             result.update(failed=True, msg=report.failure_message(summary, reason),
                           failed_rank=summary["failed_rank"]["rank"] if summary["failed_rank"] else None,
-                          summary_file=str(path))
+                          summary_file=str(path), abort=abort,
+                          torchfleet_error={"kind": (abort or {}).get("kind", "rank_failed"),
+                                            "host": (abort or {}).get("host"), "variable": None})
             return result
         result.update(changed=False, summary=summary, table=table, summary_file=str(path), plot=plot)
         return result

@@ -22,7 +22,6 @@ description:
 options:
   hosts: {description: The play's nodes., type: list, elements: str, required: true}
   group: {description: The launch group's hosts., type: list, elements: str, required: true}
-  forks: {description: Ansible's forks; each node's wait holds one., type: int, required: true}
   table: {description: rank_plan's rank table., type: dict, required: true}
   node_var: {description: The host variable with each node's settings and facts., type: str, default: launch__node}
   roles_dir: {description: torchfleet's roles, whose variables are known names., type: path, required: true}
@@ -32,7 +31,6 @@ options:
 ARGS = {
     "hosts": {"type": "list", "elements": "str", "required": True},
     "group": {"type": "list", "elements": "str", "required": True},
-    "forks": {"type": "int", "required": True},
     "table": {"type": "dict", "required": True},
     "node_var": {"type": "str", "default": "launch__node"},
     "roles_dir": {"type": "path", "required": True},
@@ -57,9 +55,6 @@ class ActionModule(ActionBase):
             outside = [h for h in args["hosts"] if h not in args["group"]]
             if outside:
                 raise InventoryError("is not in the launch group launch_hosts_group", outside[0], "launch_hosts_group")
-            if len(args["hosts"]) > args["forks"]:
-                raise InventoryError(f"{len(args['hosts'])} nodes but forks={args['forks']}; a failure on an unwatched "
-                                     "node would go unseen. Raise forks (ANSIBLE_FORKS or ansible.cfg)", None, "forks")
             spec.check_job(job.get("job"))
             job.update(run_id=job.get("run_id") or spec.new_run_id(), warnings=warnings)
             nodes = {h: hostvars[h][args["node_var"]] for h in args["hosts"]}

@@ -70,7 +70,7 @@ def spec_units(launch_spec, host, phase=None, kind=None):
 
 def process_entries(units, job):
     """The rank_processes entries of process units; secret values are added by the module."""
-    return [{"rank": (u["ranks"] or [0])[0], "name": u["name"], "role": u["role"], "job": job, "argv": u["argv"],
+    return [{"rank": (u["ranks"] or [0])[0], "name": u["name"], "role": u["role"], "job": job, "argv": u["command"],
              "env": {k: v for k, v in u["env"].items() if k not in u["secret_env"]}, "cwd": u["workdir"],
              "cpuset": u["cpuset"]} for u in units]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -34,6 +35,17 @@ options:
     description: How many log lines to return for a rank that exited non-zero.
     type: int
     default: 15
+  exited_only:
+    description: With I(state=absent), leave running containers alone (a job's exited leftovers only).
+    type: bool
+    default: false
+  wait_s:
+    description: With I(state=absent), seconds to let running containers end by themselves (their guards stop them) before they are killed.
+    type: float
+    default: 0
+  log_root:
+    description: Where I(state=absent) writes logs into a folder per run (C(<log_root>/<run>/)) instead of I(log_dir).
+    type: path
   docker_cli:
     description: The docker command.
     type: str
@@ -111,6 +123,7 @@ def find(module):
                 "id": item["Id"],
                 "name": item["Name"].lstrip("/"),
                 "rank": int(labels.get("torchfleet.rank", -1)),
+                "run": labels.get("torchfleet.run"),
                 # mpirun mode: the launcher's mpirun and the workers' sshd are not ranks.
                 "role": labels.get("torchfleet.role", "rank"),
                 "status": state["Status"],
@@ -138,6 +151,9 @@ def main():
             "state": {"type": "str", "choices": ["status", "absent"], "default": "status"},
             "log_dir": {"type": "path"},
             "tail_lines": {"type": "int", "default": 15},
+            "exited_only": {"type": "bool", "default": False},
+            "wait_s": {"type": "float", "default": 0},
+            "log_root": {"type": "path"},
             "docker_cli": {"type": "str", "default": "docker"},
         },
         supports_check_mode=True,
@@ -151,18 +167,27 @@ def main():
                 c["log_tail"] = recent
         module.exit_json(changed=False, containers=containers)
 
+    if module.params["exited_only"]:
+        containers = [c for c in containers if not c["running"]]
     if not containers or module.check_mode:
         module.exit_json(changed=bool(containers), containers=containers)
+    deadline = time.monotonic() + module.params["wait_s"]
+    while any(c["running"] for c in containers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        containers = [c for c in find(module) if c["id"] in {x["id"] for x in containers}]
     running = [c["name"] for c in containers if c["running"]]
     if running:
         _cli(module, "kill", *running, check=False)
-    finals = find(module)
+    ids = {c["id"] for c in containers}
+    finals = [c for c in find(module) if c["id"] in ids]
     for c in finals:
         c["stopped_by_torchfleet"] = c["name"] in running
-        if module.params["log_dir"]:
-            os.makedirs(module.params["log_dir"], exist_ok=True)
+        log_dir = os.path.join(module.params["log_root"], c["run"] or "unknown") if module.params["log_root"] \
+            else module.params["log_dir"]
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
             stem = f"rank-{c['rank']}" if c["role"] == "rank" else c["role"]
-            path = os.path.join(module.params["log_dir"], f"{stem}.log")
+            path = os.path.join(log_dir, f"{stem}.log")
             with open(path, "w") as fh:
                 fh.write(merged_log(module, c["name"]))
             c["log"] = path

@@ -53,6 +53,14 @@ options:
   job:
     description: With I(recurse), only the processes of this job.
     type: str
+  wait_s:
+    description: With I(state=absent), seconds to let running processes end by themselves (their guards stop them) before they are stopped.
+    type: float
+    default: 0
+  grace_s:
+    description: With I(state=absent), seconds between SIGTERM and SIGKILL.
+    type: float
+    default: 10
   tail_lines:
     description: How many log lines to return for a process that exited non-zero.
     type: int
@@ -162,6 +170,7 @@ def find(module, run_dir, recurse=False, job=None):
         if job and meta_job != job:
             continue
         entry = {"name": os.path.basename(base), "base": base, "rank": int(rank), "role": role,
+                 "run": os.path.basename(os.path.dirname(base)),
                  "log": base + ".log", "stopped_by_torchfleet": os.path.exists(base + ".stopped")}
         for key, suffix, cast in (("unit", ".unit", str), ("pid", ".pid", int)):
             if os.path.exists(base + suffix):
@@ -183,13 +192,14 @@ def find(module, run_dir, recurse=False, job=None):
     return sorted(found, key=lambda e: (e["rank"], e["name"]))
 
 
-def stop(module, entry):
+def stop(module, entry, signum=signal.SIGKILL):
+    """SIGTERM lets the guard stop its rank and say why; SIGKILL ends what is left."""
     open(entry["base"] + ".stopped", "w").close()
     if "unit" in entry:
-        module.run_command(["systemctl", "kill", "--signal", "SIGKILL", entry["unit"]])
+        module.run_command(["systemctl", "kill", "--signal", signal.Signals(signum).name, entry["unit"]])
         return
     try:
-        os.killpg(entry["pid"], signal.SIGKILL)
+        os.killpg(entry["pid"], signum)
     except ProcessLookupError:
         pass
 
@@ -204,6 +214,8 @@ def main():
             "recurse": {"type": "bool", "default": False},
             "job": {"type": "str"},
             "tail_lines": {"type": "int", "default": 15},
+            "wait_s": {"type": "float", "default": 0},
+            "grace_s": {"type": "float", "default": 10},
         },
         supports_check_mode=False,
     )
@@ -216,7 +228,7 @@ def main():
 
     if not os.path.isdir(run_dir):
         module.exit_json(changed=False, containers=[])
-    recurse = module.params["recurse"] and state == "absent"
+    recurse = module.params["recurse"]
     job = module.params["job"]
     entries = find(module, run_dir, recurse, job)
     if state == "status":
@@ -229,9 +241,19 @@ def main():
                 e["log_tail"] = recent
         module.exit_json(changed=False, containers=entries)
 
+    deadline = time.monotonic() + module.params["wait_s"]
+    while any(e["running"] for e in entries) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        entries = find(module, run_dir, recurse, job)
     running = [e for e in entries if e["running"]]
     for e in running:
-        stop(module, e)
+        stop(module, e, signal.SIGTERM)
+    deadline = time.monotonic() + module.params["grace_s"]
+    while any(e["running"] for e in find(module, run_dir, recurse, job)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for e in find(module, run_dir, recurse, job):
+        if e["running"]:
+            stop(module, e)
     deadline = time.monotonic() + 10
     while any(e["running"] for e in find(module, run_dir, recurse, job)):
         if time.monotonic() > deadline:

@@ -18,11 +18,12 @@ except ImportError as exc:
     ) from exc
 
 
-def fail_input(result, exc):
+def fail_input(result, exc, kind="input"):
     """Fail a task on bad input, with the host and the variable as data: the API and the CLI
-    classify a failure by ``torchfleet_error``, never by which task or file failed."""
+    classify a failure by ``torchfleet_error``, never by which task or file failed. ``kind``
+    is ``input``, or ``running`` for a launch refused because its job still runs."""
     result.update(failed=True, msg=str(exc),
-                  torchfleet_error={"kind": "input", "host": getattr(exc, "host", None),
+                  torchfleet_error={"kind": kind, "host": getattr(exc, "host", None),
                                     "variable": getattr(exc, "variable", None)})
     return result
 

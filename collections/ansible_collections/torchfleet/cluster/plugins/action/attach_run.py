@@ -1,0 +1,96 @@
+"""Follow a run from the controller until it ends, reading only the master's job.json.
+
+The guards on the cluster supervise the run; this only looks. It holds one connection (the
+master's), whatever the number of nodes, and ends when the run does, or when the master
+stops answering (the other nodes' guards then stop their ranks themselves).
+"""
+
+import time
+
+from ansible.errors import AnsibleConnectionFailure
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+
+display = Display()
+
+DOCUMENTATION = r"""
+module: attach_run
+short_description: Wait for a run's end as its guards report it, showing progress
+options:
+  node_dir: {description: torchfleet's folder on the master., type: path, required: true}
+  run_id: {description: The run., type: str, required: true}
+  poll_interval: {description: Seconds between reads of job.json., type: float, default: 2}
+  progress_interval: {description: Seconds between progress lines., type: float, default: 10}
+  start_timeout: {description: Seconds the store's host may take to write job.json., type: float, default: 120}
+  stale_after: {description: Seconds after which a job.json not rewritten means its guard is gone., type: float, default: 20}
+"""
+
+ARGS = {
+    "node_dir": {"type": "path", "required": True},
+    "run_id": {"type": "str", "required": True},
+    "poll_interval": {"type": "float", "default": 2.0},
+    "progress_interval": {"type": "float", "default": 10.0},
+    "start_timeout": {"type": "float", "default": 120.0},
+    "stale_after": {"type": "float", "default": 20.0},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = core.validate_args(self, ARGS)
+        host = task_vars["inventory_hostname"]
+        started = time.monotonic()
+        last_progress = started
+        while True:
+            try:
+                state = self._execute_module(module_name="torchfleet.cluster.run_state",
+                                             module_args={"node_dir": args["node_dir"], "run_id": args["run_id"],
+                                                          "tail_lines": 1}, task_vars=task_vars)
+            except AnsibleConnectionFailure as exc:
+                state = {"unreachable": True, "msg": str(exc)}
+            if state.get("unreachable"):
+                result.update(changed=False, outcome="master_lost", state="failed",
+                              abort={"kind": "node_lost", "host": host, "hosts": [host],
+                                     "reason": f"the master node {host} stopped answering the controller: "
+                                               f"{state.get('msg', '').strip()[:200]}"})
+                return result
+            if state.get("failed"):
+                return dict(result, failed=True, msg=f"could not read run {args['run_id']} on {host}: {state.get('msg')}")
+            run = state.get("run") or {}
+            job = run.get("job_state")
+            if job and job["state"] != "running":
+                result.update(changed=False, outcome="finished", state=job["state"], abort=job.get("abort"), job=job)
+                return result
+            if job and (run.get("job_age_s") or 0) > args["stale_after"]:
+                result.update(changed=False, outcome="finished", state="failed", job=job,
+                              abort={"kind": "stopped", "host": host,
+                                     "reason": f"the guard hosting the run's store on {host} is gone (job.json not "
+                                               f"updated for {run['job_age_s']:g}s): it was killed, or its unit "
+                                               "removed (torchfleet down)"})
+                return result
+            if not job and time.monotonic() - started > args["start_timeout"]:
+                result.update(changed=False, outcome="finished", state="failed",
+                              abort={"kind": "rank_failed", "host": host,
+                                     "reason": f"the guard hosting the supervision store on {host} never wrote "
+                                               f"job.json within {args['start_timeout']:g}s"})
+                return result
+            if time.monotonic() - last_progress >= args["progress_interval"]:
+                last_progress = time.monotonic()
+                display.display(progress_line(run, time.monotonic() - started))
+            time.sleep(args["poll_interval"])
+
+
+def progress_line(run, elapsed):
+    """One line: the run's age, its slowest heartbeat, and the master's latest log line."""
+    job = run.get("job_state") or {}
+    ages = [u["heartbeat_age_s"] for u in job.get("units", []) if u.get("heartbeat_age_s") is not None]
+    logs = run.get("logs") or {}
+    name = "rank-0.log" if "rank-0.log" in logs else next(iter(sorted(logs)), None)
+    last = (logs.get(name) or [""])[-1][-110:] if name else ""
+    beat = f", oldest heartbeat {max(ages):.1f}s" if ages else ""
+    return f"  [{int(elapsed)}s] run {run.get('run_id')} {job.get('state', 'starting')}{beat}; {name or ''}: {last}"

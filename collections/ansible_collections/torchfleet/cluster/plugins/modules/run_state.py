@@ -1,0 +1,145 @@
+#!/usr/bin/python
+"""A node's runs as their guards left them: read, stop on request, prune."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: run_state
+short_description: The runs in a node's run folders, as their guards record them
+description:
+  - With I(state=info) it reads each run's C(guard.json), every unit's C(guard-N.json) and,
+    on the master, C(job.json) that the store's host writes, plus each log's last line.
+  - With I(state=stopped) it writes the run's C(stop) file (every running run's, without
+    I(run_id)), which every guard on the node reads on its next poll: the run stops
+    everywhere, each unit recording I(reason).
+  - With I(state=pruned) it removes the oldest finished run folders beyond I(keep).
+options:
+  node_dir: {description: torchfleet's folder on the node (launch_node_dir)., type: path, required: true}
+  run_id: {description: One run; every run when unset., type: str}
+  state: {description: What to do., type: str, choices: [info, stopped, pruned], default: info}
+  reason: {description: With I(state=stopped), why; each stopped unit records it., type: str}
+  keep: {description: With I(state=pruned), how many finished runs to keep., type: int, default: 10}
+  tail_lines: {description: Log lines to return per unit with I(run_id)., type: int, default: 0}
+  spec: {description: With I(run_id), also return the run's spec.json., type: bool, default: false}
+"""
+
+FINAL = ("exited", "stopped")
+
+
+def _json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path, lines):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16384))
+            return fh.read().decode(errors="replace").rstrip("\n").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def read_run(run_dir, tail_lines=0, with_spec=False):
+    config = _json(os.path.join(run_dir, "guard.json")) or {}
+    units = {}
+    for path in glob.glob(os.path.join(run_dir, "guard-*.json")):
+        state = _json(path)
+        if state is not None:
+            units[int(state["unit"])] = state
+    job_path = os.path.join(run_dir, "job.json")
+    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": _json(job_path),
+            # The store's host rewrites job.json every poll; an old one means that guard is gone.
+            "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
+            "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, "stop")),
+            "started": os.path.getmtime(run_dir)}
+    info["state"] = summarize(info)
+    if with_spec:
+        info["spec"] = _json(os.path.join(run_dir, "spec.json"))
+    if tail_lines:
+        info["logs"] = {os.path.basename(p): _tail(p, tail_lines) for p in sorted(glob.glob(os.path.join(run_dir, "*.log")))}
+    return info
+
+
+def summarize(info):
+    """The run's state as this node sees it: the master's job.json where there is one."""
+    job = info["job_state"]
+    if job:
+        return job["state"]
+    states = [u["state"] for u in info["units"]]
+    if not states:
+        return "unknown"
+    if any(s not in FINAL for s in states):
+        return "running"
+    if any(u.get("abort") for u in info["units"]):
+        return "failed"
+    return "exited"
+
+
+def request_stop(run_dir, reason):
+    stop_file = os.path.join(run_dir, "stop")
+    with open(stop_file + ".tmp", "w") as fh:
+        fh.write((reason or "stopped on request (torchfleet stop)") + "\n")
+    os.replace(stop_file + ".tmp", stop_file)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "node_dir": {"type": "path", "required": True},
+            "run_id": {"type": "str"},
+            "state": {"type": "str", "choices": ["info", "stopped", "pruned"], "default": "info"},
+            "reason": {"type": "str"},
+            "keep": {"type": "int", "default": 10},
+            "tail_lines": {"type": "int", "default": 0},
+            "spec": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    runs_dir = os.path.join(p["node_dir"], "runs")
+    if p["run_id"]:
+        run_dir = os.path.join(runs_dir, p["run_id"])
+        if not os.path.isdir(run_dir):
+            module.exit_json(changed=False, found=False, run=None)
+        if p["state"] == "stopped":
+            stop_file = os.path.join(run_dir, "stop")
+            info = read_run(run_dir)
+            changed = info["state"] == "running" and not os.path.exists(stop_file)
+            if changed and not module.check_mode:
+                request_stop(run_dir, p["reason"])
+            module.exit_json(changed=changed, found=True, run=read_run(run_dir))
+        module.exit_json(changed=False, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"]))
+
+    runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
+    if p["state"] == "stopped":
+        asked = [r["run_id"] for r in runs if r["state"] == "running" and not r["stop_requested"]]
+        if not module.check_mode:
+            for run_id in asked:
+                request_stop(os.path.join(runs_dir, run_id), p["reason"])
+        module.exit_json(changed=bool(asked), stopped=asked)
+    if p["state"] == "pruned":
+        finished = [r for r in runs if r["state"] != "running"]
+        # Run ids begin with their UTC start time, so name order is age order.
+        doomed = finished[: max(0, len(finished) - max(p["keep"], 0))]
+        if not module.check_mode:
+            for r in doomed:
+                shutil.rmtree(os.path.join(runs_dir, r["run_id"]), ignore_errors=True)
+        module.exit_json(changed=bool(doomed), removed=[r["run_id"] for r in doomed])
+    module.exit_json(changed=False, runs=runs)
+
+
+if __name__ == "__main__":
+    main()
