@@ -3,6 +3,7 @@
 # API/CLI tests on a cluster of their own. It ends with a table of each stage's wall time.
 #   ./scripts/test.sh --quick          linters and unit tests only
 #   SCENARIOS="tls mpirun" ./scripts/test.sh   only those scenarios (and no cluster pytest)
+#   SCENARIOS="pytest-faults" ./scripts/test.sh  only the fault matrix
 #   LANES=1 ./scripts/test.sh          the cluster stages one after another
 # The cluster stages mostly wait on docker and on training, so by default they run in two
 # lanes at once; each stage's output goes to .torchfleet/test-logs/<stage>.log and the
@@ -41,6 +42,7 @@ lane() {
   for item in "$@"; do
     case $item in
       pytest-cluster) stage "pytest cluster" pytest -q -ra -m cluster tests ;;
+      pytest-faults) stage "pytest faults" pytest -q -ra -m faults tests ;;
       *) stage "molecule $item" molecule test --scenario-name "$item" ;;
     esac
   done
@@ -48,7 +50,7 @@ lane() {
 
 stage "yamllint" yamllint --strict .
 stage "ansible-lint" ansible-lint
-stage "pytest unit" pytest -q -ra -m "not cluster" tests
+stage "pytest unit" pytest -q -ra -m "not cluster and not faults" tests
 if ! $quick; then
   # The training image and the node image are built once, before the lanes share them.
   stage "images" ansible-playbook playbooks/local_cluster.yml -e local_cluster_nodes=0
@@ -56,12 +58,12 @@ if ! $quick; then
     read -r -a first <<<"$SCENARIOS"
     second=()
   elif [ "$lanes" -ge 2 ]; then
-    # Balanced by their wall times on a fresh clone (minutes): 10.5 + 7 + 6 against
-    # 11 + 5.5 + 4.5 + 3. Each lane starts with a heavy converge, then they drift apart.
+    # Balanced by their wall times on a fresh clone (minutes): 13 + 8 + 5 against
+    # 12 + 4.5 + 4.5 + 2.5 + the fault matrix. Each lane starts with a heavy converge.
     first=(default bare-metal pytest-cluster)
-    second=(mpirun tls overlay image-pull)
+    second=(mpirun tls overlay image-pull pytest-faults)
   else
-    first=(default image-pull tls mpirun bare-metal overlay pytest-cluster)
+    first=(default image-pull tls mpirun bare-metal overlay pytest-cluster pytest-faults)
     second=()
   fi
   lane "${first[@]}" &

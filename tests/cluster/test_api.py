@@ -115,6 +115,9 @@ def test_a_failing_rank_raises_job_failed_naming_it(provisioned, crashing_worklo
     assert "rank 1 on node-2 exited with code 3" in error.message
     assert "simulated crash" in error.message
     assert {r.rank: r.outcome for r in error.run.ranks} == {0: "stopped", 1: "failed"}
+    # Rank 0 sat in a sleep, in no collective: its guard stopped it, and says why.
+    assert error.run.ranks[0].stopped_because == "rank 1 on node-2 exited with code 3"
+    assert "[torchfleet guard] stopped rank 0 on node-1" in error.run.ranks[0].log()
     assert isinstance(error, TaskFailed)
     assert node_sh("node-1", "docker ps -aq --filter label=torchfleet.run") == ""
 

@@ -51,6 +51,12 @@ options:
   listen_port:
     description: The port to watch for, such as MASTER_PORT on the master.
     type: int
+  node_dir:
+    description: With I(run_id), where the units' guards record their state; a unit whose guard says it exited 0 counts as done, though its guard (the store's host) stays up.
+    type: path
+  run_id:
+    description: The run, with I(node_dir).
+    type: str
 """
 
 
@@ -107,6 +113,9 @@ class ActionModule(ActionBase):
             if listen and self._listening(listen, task_vars):
                 outcome = "listening"
                 break
+            if listen and args.get("run_id") and self._guards_done(args, expected, task_vars):
+                outcome = "succeeded"
+                break
             peers = sorted(abort_dir.glob("abort-*.json"))
             if peers:
                 reason = json.loads(peers[0].read_text())
@@ -127,6 +136,14 @@ class ActionModule(ActionBase):
             waited_s=round(time.monotonic() - started, 1),
         )
         return result
+
+    def _guards_done(self, args, expected, task_vars):
+        """Every unit of this node ended with code 0, by its guard's record."""
+        state = self._execute_module(module_name="torchfleet.cluster.run_state",
+                                     module_args={"node_dir": args["node_dir"], "run_id": args["run_id"]},
+                                     task_vars=task_vars)
+        units = (state.get("run") or {}).get("units") or []
+        return len(units) >= expected and all(u["state"] == "exited" and u.get("exit_code") == 0 for u in units)
 
     def _listening(self, listen, task_vars):
         probe = self._execute_module(

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""How supervision scales: 3, 12 and 48 nodes, measured in one run.
+
+The nodes are cheap enough that 48 fit this 2-core machine: containers of the training
+image (its Python has torch, which the guards need) running only sshd, with no Docker
+engine inside; the job runs in process mode; the workload is a few lines that import
+nothing heavy. For each size it measures:
+
+  - submit until every rank has started (Cluster.submit's wall time), and the controller's
+    CPU seconds per node for it (this process and its children: ansible-playbook, its
+    workers, ssh);
+  - a rank's crash until every rank has stopped (the crash time is the one the rank
+    printed; each guard records when it stopped its rank);
+  - a node lost (docker pause of the last node) until every other rank has stopped;
+  - `stop` (Run.stop) until every rank has stopped.
+
+Host keys are not pinned here (StrictHostKeyChecking=no): these throw-away nodes exist
+for this run only. Run from the repository root with the venv active:
+
+    python bench/scale.py            # 3, 12 and 48 nodes
+    python bench/scale.py 3 12       # other sizes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torchfleet
+from torchfleet import Job, JobFailed
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = "torchfleet/train:2.13.0-cpu"
+PREFIX = "tfscale"
+SUBNET = "172.29.9"
+PYTHON = "/opt/venv/bin/python3"
+NODE_TIMEOUT = 5
+
+WORKLOAD = '''
+import os, sys, time
+rank = int(os.environ["RANK"])
+crash = int(sys.argv[1]) if len(sys.argv) > 1 else -1
+print(f"rank {rank} of {os.environ['WORLD_SIZE']} started", flush=True)
+time.sleep(8)
+if rank == crash:
+    print(f"CRASH {time.time()}", flush=True)
+    os._exit(3)
+while True:
+    time.sleep(1)
+    print("step", flush=True)
+'''
+
+
+def sh(*args: str, check: bool = True) -> str:
+    done = subprocess.run(args, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        sys.exit(f"{' '.join(args)}: {done.stderr}")
+    return done.stdout
+
+
+def node(i: int) -> str:
+    return f"{PREFIX}-node-{i}"
+
+
+def start_nodes(count: int, keys: Path) -> None:
+    sh("docker", "network", "create", "--subnet", f"{SUBNET}.0/24", PREFIX, check=False)
+    for i in range(1, count + 1):
+        sh("docker", "run", "-d", "--name", node(i), "--hostname", f"node-{i}", "--network", PREFIX,
+           "--ip", f"{SUBNET}.{i + 10}", "-v", f"{keys / 'id.pub'}:/root/.ssh/authorized_keys:ro",
+           "--entrypoint", "sh", IMAGE, "-c",
+           "mkdir -p /run/sshd /var/lib/torchfleet/datasets && ssh-keygen -A >/dev/null && "
+           "exec /usr/sbin/sshd -D -e -o PermitRootLogin=prohibit-password")
+    for i in range(1, count + 1):
+        for _ in range(60):
+            if subprocess.run(["ssh", *ssh_opts(keys), f"root@{SUBNET}.{i + 10}", "true"],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.5)
+        else:
+            sys.exit(f"{node(i)} never answered over ssh")
+
+
+def remove_nodes(count: int) -> None:
+    names = [node(i) for i in range(1, count + 1)]
+    subprocess.run(["docker", "rm", "-f", *names], capture_output=True)
+    subprocess.run(["docker", "network", "rm", PREFIX], capture_output=True)
+
+
+def ssh_opts(keys: Path) -> list[str]:
+    return ["-i", str(keys / "id"), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
+
+
+def inventory(count: int, keys: Path, folder: Path) -> Path:
+    hosts = {f"node-{i}": {"ansible_host": f"{SUBNET}.{i + 10}"} for i in range(1, count + 1)}
+    inv = {"all": {"children": {"torchfleet_nodes": {"hosts": hosts}}, "vars": {
+        "ansible_user": "root", "ansible_ssh_private_key_file": str(keys / "id"),
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        "ansible_python_interpreter": PYTHON, "launch_mode": "process", "launch_python": PYTHON,
+        "launch_dataset_dir": "/var/lib/torchfleet/datasets", "cpu_pinning": False, "launch_omp_num_threads": 1,
+        "launch_node_timeout": NODE_TIMEOUT, "launch_stop_grace": 2, "launch_poll_interval": 1}}}
+    path = folder / f"hosts-{count}.json"
+    path.write_text(json.dumps(inv))
+    return path
+
+
+def guard_states(count: int, run_id: str) -> list[dict]:
+    """What every guard of the run recorded, read on the nodes themselves."""
+    read = ("import glob, json; print(json.dumps([json.load(open(p)) for p in "
+            f"glob.glob('/var/lib/torchfleet/runs/{run_id}/guard-*.json')]))")
+    states = []
+    for i in range(1, count + 1):
+        out = subprocess.run(["docker", "exec", node(i), PYTHON, "-c", read], capture_output=True, text=True).stdout
+        states += json.loads(out or "[]")
+    return states
+
+
+def stopped_by(states: list[dict], skip_host: str | None = None) -> float | None:
+    """When the last rank was stopped, from what each guard recorded."""
+    times = [s["stopped_at"] for s in states if s.get("stopped_at") and s["host"] != skip_host]
+    return max(times) if times else None
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    sys.exit(f"timed out waiting for {what}")
+
+
+def cpu() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, float]:
+    cluster = torchfleet.Cluster(inventory(count, keys, folder), runs_dir=folder / "runs", progress=False)
+    out: dict[str, float] = {}
+    last = f"node-{count}"
+
+    # Submit, and a crash of the last rank 8 s after it started.
+    c0, t0 = cpu(), time.monotonic()
+    run = cluster.submit(Job(workload=workload, name=f"scale{count}", args=[str(count - 1)]))
+    out["submit_s"], out["cpu_per_node_s"] = time.monotonic() - t0, (cpu() - c0) / count
+    print(f"  {count} nodes: submitted in {out['submit_s']:.1f}s", flush=True)
+    states = wait_until(lambda: (s := guard_states(count, run.run_id)) and len(
+        [x for x in s if x.get("ended_at")]) == count and s, 120, "the crash to stop every rank")
+    crashed = float(sh("docker", "exec", node(count), "sh", "-c",
+                       f"sed -n 's/^CRASH //p' /var/lib/torchfleet/runs/{run.run_id}/rank-{count - 1}.log").strip())
+    out["crash_to_stopped_s"] = stopped_by(states) - crashed
+    try:
+        run.collect()
+    except JobFailed:
+        pass
+
+    # A node lost: the last one paused whole (its ranks are processes inside it).
+    run = cluster.submit(Job(workload=workload, name=f"scale{count}"))
+    wait_until(lambda: sh("docker", "exec", node(count), "sh", "-c",
+                          f"grep -c step /var/lib/torchfleet/runs/{run.run_id}/rank-{count - 1}.log || true").strip()
+               not in ("", "0"), 120, "the ranks to run")
+    lost_at = time.time()
+    sh("docker", "pause", node(count))
+    states = wait_until(lambda: (s := guard_states(count - 1, run.run_id)) and len(
+        [x for x in s if x.get("stopped_at")]) == count - 1 and s, 120, "the loss to stop every rank")
+    out["lost_to_stopped_s"] = stopped_by(states, skip_host=last) - lost_at
+    sh("docker", "unpause", node(count))
+    try:
+        run.collect()
+    except JobFailed:
+        pass
+
+    # Stop.
+    run = cluster.submit(Job(workload=workload, name=f"scale{count}"))
+    stop_at = time.time()
+    run.stop()
+    states = guard_states(count, run.run_id)
+    out["stop_to_stopped_s"] = stopped_by(states) - stop_at
+    cluster.down()
+    return out
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [3, 12, 48]
+    biggest = max(sizes)
+    with tempfile.TemporaryDirectory(prefix="tfscale-") as tmp:
+        folder = Path(tmp)
+        keys = folder / "keys"
+        keys.mkdir()
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id"))
+        workload = folder / "tiny.py"
+        workload.write_text(WORKLOAD)
+        remove_nodes(biggest)
+        print(f"starting {biggest} nodes ({IMAGE}, sshd only)", flush=True)
+        t0 = time.monotonic()
+        start_nodes(biggest, keys)
+        print(f"  up in {time.monotonic() - t0:.0f}s", flush=True)
+        results = {}
+        try:
+            for count in sizes:
+                results[count] = measure(count, keys, folder, workload)
+        finally:
+            remove_nodes(biggest)
+    base = results[min(sizes)]
+    print(f"\nsupervision at scale ({datetime.now():%Y-%m-%d %H:%M}, node timeout {NODE_TIMEOUT}s, "
+          f"guard poll 0.5s, 2 shared cores)")
+    header = f"{'nodes':>5} {'submit s':>9} {'ctl CPU/node s':>15} {'crash->stopped s':>17} {'lost->stopped s':>16} " \
+             f"{'stop->stopped s':>16}  {'crash vs ' + str(min(sizes)):>10} {'lost vs ' + str(min(sizes)):>9}"
+    print(header)
+    print("-" * len(header))
+    for count in sizes:
+        r = results[count]
+        print(f"{count:>5} {r['submit_s']:>9.1f} {r['cpu_per_node_s']:>15.2f} {r['crash_to_stopped_s']:>17.1f} "
+              f"{r['lost_to_stopped_s']:>16.1f} {r['stop_to_stopped_s']:>16.1f}  "
+              f"{r['crash_to_stopped_s'] / base['crash_to_stopped_s']:>9.2f}x "
+              f"{r['lost_to_stopped_s'] / base['lost_to_stopped_s']:>8.2f}x")
+    print("goals: controller CPU per node <= 0.5 s; crash and loss at 48 nodes <= 1.5x the 3-node times; "
+          "crash->stopped <= 5 s; lost->stopped <= 20 s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The fault matrix's own two-node local docker-host cluster, and how to break it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import torchfleet
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "pytest-faults"
+SUBNET = "172.29.7.0/24"
+ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet")}
+TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
+WORKLOAD = ROOT / "tests" / "fixtures" / "workloads" / "faults" / "faults.py"
+# Short enough to keep the matrix quick, long enough for two cores shared with the nodes.
+NODE_TIMEOUT = 4
+TIMING = ["-e", f"launch_node_timeout={NODE_TIMEOUT}", "-e", "launch_stop_grace=3", "-e", "launch_poll_interval=1"]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if Path(item.fspath).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="session")
+def faults_cluster(tmp_path_factory):
+    inventory_dir = tmp_path_factory.mktemp("inventory")
+    runs_dir = tmp_path_factory.mktemp("runs")
+    cluster, _ = torchfleet.local_up(2, name=NAME, subnet=SUBNET, inventory_dir=inventory_dir, runs_dir=runs_dir,
+                                     env=ENV, extra_vars={"image_archive_on_node": True}, progress=False)
+    cluster.provision()
+    yield Faults(cluster, inventory_dir, runs_dir)
+    for node in ("node-1", "node-2"):
+        subprocess.run(["docker", "unpause", f"{NAME}-{node}"], capture_output=True)
+    torchfleet.local_down(name=NAME, inventory_dir=inventory_dir, env=ENV, progress=False)
+
+
+class Faults:
+    """The cluster, the CLI against it, and the faults a test can inject."""
+
+    def __init__(self, cluster, inventory_dir, runs_dir):
+        self.cluster, self.inventory_dir, self.runs_dir = cluster, inventory_dir, runs_dir
+        self.env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
+
+    def args(self, *more):
+        return [TORCHFLEET, *more[:1], "-q", "-i", str(self.inventory_dir), *TIMING, *more[1:]]
+
+    def cli(self, *args, timeout=600):
+        """Run the CLI to its end: (exit code, JSON document)."""
+        done = subprocess.run(self.args(*args, "--json"), capture_output=True, text=True, env=self.env,
+                              timeout=timeout)
+        try:
+            return done.returncode, json.loads(done.stdout)
+        except ValueError:
+            raise AssertionError(f"no JSON from {args}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+    def launch(self, run_id, *more, seconds=300):
+        """An attached launch of the fault workload, in the background."""
+        command = self.args("launch", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", run_id, "--json",
+                            *more, "--", "--seconds", str(seconds))
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+
+    def node(self, node, command, check=True):
+        done = subprocess.run(["docker", "exec", f"{NAME}-{node}", "sh", "-c", command], capture_output=True,
+                              text=True)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{node}: {command}: {done.stderr}")
+        return done.stdout
+
+    def ranks(self, node, running_only=False):
+        """The rank containers docker shows on a node (its own engine)."""
+        flag = "" if running_only else "-a"
+        return self.node(node, f"docker ps {flag} -q --filter label=torchfleet.run").split()
+
+    def wait_running(self, run_id, count=2, timeout=180):
+        """Until every rank has printed its first step: the job is past its collective."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            steps = sum(self.node(n, f"grep -l 'step at' /var/lib/torchfleet/runs/{run_id}/rank-*.log "
+                                     "2>/dev/null | wc -l", check=False).strip() not in ("", "0")
+                        for n in ("node-1", "node-2"))
+            if steps == count:
+                return time.time()
+            time.sleep(1)
+        raise AssertionError(f"run {run_id} never got going")
+
+    def freeze(self, node):
+        """The whole node stands still: its rank containers (siblings in cgroup v1, so docker
+        pause of the node alone leaves them running) and then the node itself."""
+        inner = self.ranks(node, running_only=True)
+        if inner:
+            self.node(node, "docker pause " + " ".join(inner))
+        subprocess.run(["docker", "pause", f"{NAME}-{node}"], check=True, capture_output=True)
+        return inner
+
+    def thaw(self, node, inner):
+        subprocess.run(["docker", "unpause", f"{NAME}-{node}"], check=True, capture_output=True)
+        if inner:
+            self.node(node, "docker unpause " + " ".join(inner), check=False)
+
+    def cut(self, node, connect=False):
+        action = "connect" if connect else "disconnect"
+        subprocess.run(["docker", "network", action, NAME, f"{NAME}-{node}"], check=True, capture_output=True)
+
+    def summary(self, run_id):
+        return json.loads((self.runs_dir / run_id / "summary.json").read_text())
+
+    def guards(self, run_id):
+        return {json.loads(p.read_text())["name"]: json.loads(p.read_text())
+                for p in (self.runs_dir / run_id).glob("guard-*.json")}
+
+    def wait_no_running_ranks(self, node, timeout):
+        deadline = time.monotonic() + timeout
+        while self.ranks(node, running_only=True):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{node} still runs rank containers after {timeout}s")
+            time.sleep(1)
+
+
+def ended_at(guard):
+    from datetime import datetime
+
+    return datetime.fromisoformat(guard["ended_at"].replace("Z", "+00:00")).timestamp()
+
+
+def finish(process, timeout=300):
+    out, err = process.communicate(timeout=timeout)
+    try:
+        return process.returncode, json.loads(out)
+    except ValueError:
+        raise AssertionError(f"exit {process.returncode}, no JSON: {out[-2000:]}\n{err[-3000:]}")
+
+
+__all__ = ["Faults", "NODE_TIMEOUT", "ended_at", "finish", "signal"]

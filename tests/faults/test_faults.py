@@ -1,0 +1,200 @@
+"""The fault matrix: each fault on the local docker hosts, and what the guards did about it.
+
+Each case asserts the outcome and what it names, that the stop came from the guards (the
+reason each stopped rank recorded), a loose bound (the configured timeout plus a generous
+margin), that no rank is left on any node, and that the logs were kept.
+"""
+
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from .conftest import NODE_TIMEOUT, WORKLOAD, ended_at, finish
+
+# Detection and stop happen within NODE_TIMEOUT plus a few polls; this allows for two busy cores.
+MARGIN = 30
+
+
+@pytest.fixture(autouse=True)
+def clean_start(faults_cluster):
+    """A case that failed may leave ranks behind; the next one starts on clean nodes."""
+    f = faults_cluster
+    if f.ranks("node-1", running_only=True) or f.ranks("node-2", running_only=True):
+        f.cli("down")
+    yield
+
+
+def assert_nothing_left(f, *nodes):
+    for node in nodes or ("node-1", "node-2"):
+        assert f.ranks(node) == [], f"{node} kept rank containers"
+
+
+def assert_stopped_within(f, run_id, since, bound, reason_part, names=None):
+    """Every rank the guards stopped says why, and stopped within ``bound`` seconds."""
+    summary = f.summary(run_id)
+    stopped = [r for r in summary["ranks"] if r["outcome"] == "stopped"]
+    assert stopped, summary["ranks"]
+    for row in stopped:
+        assert reason_part in (row["stopped_because"] or ""), row
+        assert "[torchfleet guard] stopped" in open(row["log"]).read()
+    for name, guard in f.guards(run_id).items():
+        if guard["state"] == "stopped" and (names is None or name in names):
+            assert ended_at(guard) - since < bound, (name, ended_at(guard) - since)
+    return summary
+
+
+def test_a_crashed_rank_stops_the_rest_while_nothing_is_attached_torchrun(faults_cluster):
+    """torchrun mode, detached: submit returns, rank 1 dies in a compute phase (no collective),
+    and the guards stop rank 0 with no controller attached; attach from a new handle."""
+    f = faults_cluster
+    from torchfleet import Job, JobFailed
+
+    handle = f.cluster.submit(Job(workload=WORKLOAD, name="faults", args=["--crash-rank", "1", "--crash-after", "12"],
+                                  extra_vars={"launch_mode": "torchrun", "launch_node_timeout": NODE_TIMEOUT}))
+    assert handle.cluster.run(handle.run_id).status().state == "running"
+    time.sleep(20)  # the crash and the stop happen while nobody watches
+    assert f.ranks("node-1", running_only=True) == [] and f.ranks("node-2", running_only=True) == []
+    with pytest.raises(JobFailed) as info:
+        f.cluster.run(handle.run_id).attach()
+    run = info.value.run
+    assert info.value.rank == 1 and "rank 1" in info.value.message
+    assert {r.rank: r.outcome for r in run.ranks} == {0: "stopped", 1: "failed"}
+    assert "exited with code 137" in run.ranks[0].stopped_because
+    assert "crashing now" in run.ranks[1].log() and "step at" in run.ranks[0].log()
+    assert_nothing_left(f)
+
+
+@pytest.mark.parametrize("lost, other", [("node-2", "node-1"), ("node-1", "node-2")], ids=["worker", "master"])
+def test_a_paused_node_stops_every_rank_and_is_named(faults_cluster, lost, other):
+    f = faults_cluster
+    run_id = f"paused-{lost}"
+    launch = f.launch(run_id)
+    f.wait_running(run_id)
+    since = time.time()
+    inner = f.freeze(lost)
+    try:
+        code, out = finish(launch)
+        assert code == 5, out
+        assert out["error"]["host"] == lost and f"lost {lost}" in out["error"]["message"] \
+            or f"the master node {lost}" in out["error"]["message"]
+        # The node that still answers stopped its rank itself, within the node timeout.
+        reason = f"lost {lost}" if lost == "node-2" else f"lost the supervision store on {lost}"
+        assert_stopped_within(f, run_id, since, NODE_TIMEOUT + MARGIN, reason)
+        assert f.ranks(other) == []
+        assert "step at" in (f.runs_dir / run_id / f"rank-{1 if other == 'node-2' else 0}.log").read_text()
+    finally:
+        f.thaw(lost, inner)
+    # Back again, the lost node's guard sees the abort (or no store) and stops its rank.
+    f.wait_no_running_ranks(lost, NODE_TIMEOUT + MARGIN)
+
+
+def test_a_node_cut_from_the_network_is_lost(faults_cluster):
+    f = faults_cluster
+    launch = f.launch("cut")
+    f.wait_running("cut")
+    since = time.time()
+    f.cut("node-2")
+    try:
+        code, out = finish(launch)
+        assert code == 5 and out["error"]["host"] == "node-2", out
+        assert_stopped_within(f, "cut", since, NODE_TIMEOUT + MARGIN, "lost node-2")
+        assert f.ranks("node-1") == []
+    finally:
+        f.cut("node-2", connect=True)
+    # node-2's guard lost the store too, and stopped its rank without anyone telling it.
+    f.wait_no_running_ranks("node-2", NODE_TIMEOUT + MARGIN)
+    states = f.node("node-2", "cat /var/lib/torchfleet/runs/cut/guard-1.json")
+    assert "lost the supervision store on node-1" in states
+
+
+def test_ctrl_c_on_launch_stops_everything_and_keeps_the_logs(faults_cluster):
+    f = faults_cluster
+    launch = f.launch("interrupted")
+    f.wait_running("interrupted")
+    launch.send_signal(signal.SIGINT)
+    code, out = finish(launch)
+    assert code == 130, out
+    summary = f.summary("interrupted")
+    assert {r["outcome"] for r in summary["ranks"]} == {"stopped"}
+    assert all("interrupted (SIGINT)" in r["stopped_because"] for r in summary["ranks"])
+    assert all("step at" in open(r["log"]).read() for r in summary["ranks"])
+    assert_nothing_left(f)
+
+
+def test_a_killed_controller_leaves_the_run_supervised_and_its_job_locked(faults_cluster):
+    f = faults_cluster
+    launch = f.launch("orphan", seconds=40)
+    f.wait_running("orphan")
+    launch.kill()
+    launch.wait()
+    code, out = f.cli("status", "orphan")
+    assert code == 0 and out["status"]["state"] == "running"
+    # The cluster is the lock: another launch of the job is refused, naming the run.
+    code, out = f.cli("launch", "--workload", str(WORKLOAD), "--job", "faults", "--", "--seconds", "5")
+    assert code == 7 and "run orphan" in out["error"]["message"], out
+    code, out = f.cli("runs")
+    assert {"run_id": "orphan", "state": "running"}.items() <= next(
+        r for r in out["runs"] if r["run_id"] == "orphan").items()
+    # A new process follows it to its end and collects it.
+    code, out = f.cli("attach", "orphan")
+    assert code == 0, out
+    assert {r["outcome"] for r in out["run"]["ranks"]} == {"ok"}
+    assert (f.runs_dir / "orphan" / "rank-1.log").read_text().count("step at") >= 30
+    assert_nothing_left(f)
+
+
+def test_replace_stops_the_running_run_first_and_keeps_its_logs(faults_cluster):
+    f = faults_cluster
+    code, out = f.cli("launch", "--detach", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", "old",
+                      "--", "--seconds", "300")
+    assert code == 0 and out["detached"], out
+    f.wait_running("old")
+    code, out = f.cli("launch", "--detach", "--replace", "--workload", str(WORKLOAD), "--job", "faults",
+                      "--run-id", "new", "--", "--seconds", "300")
+    assert code == 0, out
+    code, out = f.cli("collect", "old")
+    assert code == 1 and out["run"]["abort"]["kind"] == "stopped"
+    assert [r["stopped_because"] for r in out["run"]["ranks"]] == ["replaced by run new (launch_replace)"] * 2
+    assert all("step at" in (f.runs_dir / "old" / f"rank-{r}.log").read_text() for r in (0, 1))
+    code, out = f.cli("stop", "new")
+    assert code == 0 and {r["outcome"] for r in out["run"]["ranks"]} == {"stopped"}
+    assert_nothing_left(f)
+
+
+@pytest.mark.parametrize("port, variable", [(29510, "launch_guard_port"), (29500, "launch_master_port")])
+def test_a_taken_port_on_the_master_starts_nothing(faults_cluster, port, variable):
+    f = faults_cluster
+    address = f.node("node-1", "hostname -i").split()[0]
+    holder = subprocess.Popen(["docker", "exec", "pytest-faults-node-1", "python3", "-c",
+                               f"import socket,time; s=socket.socket(); s.bind(('{address}', {port})); s.listen(); "
+                               "print('listening', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "listening"
+        code, out = f.cli("launch", "--workload", str(WORKLOAD), "--job", "faults", "--", "--seconds", "5")
+    finally:
+        holder.kill()
+    assert code == 3 and out["error"]["host"] == "node-1", out
+    assert f"{variable} {port} is already in use" in out["error"]["message"]
+    assert_nothing_left(f)
+
+
+def test_a_rank_that_makes_no_progress_is_stopped_as_stalled(faults_cluster):
+    f = faults_cluster
+    launch = f.launch("stall", "-e", "launch_stall_timeout=6")
+    f.wait_running("stall")
+    container = f.ranks("node-2", running_only=True)[0]
+    # SIGSTOP the rank's own process (the guard's child), by the pid it printed.
+    pid = f.node("node-2", "sed -n 's/.*computing alone (pid \\([0-9]*\\)).*/\\1/p' "
+                           "/var/lib/torchfleet/runs/stall/rank-1.log").strip()
+    assert pid.isdigit()
+    f.node("node-2", f"docker exec {container} kill -STOP {pid}")
+    since = time.time()
+    code, out = finish(launch)
+    assert code == 6, out
+    assert "rank 1 on node-2 made no progress" in out["error"]["message"]
+    assert "launch_stall_timeout=6" in out["error"]["message"]
+    assert_stopped_within(f, "stall", since, 6 + MARGIN, "rank 1 on node-2 made no progress")
+    assert_nothing_left(f)

@@ -1,0 +1,81 @@
+"""The guard's decisions, without a store: what aborts a run, who is lost, the run's state.
+The guard with a real TCPStore runs in the fault matrix (tests/faults) on the docker hosts."""
+
+import signal
+
+import pytest
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard
+
+RANK = {"name": "tf-r-rank1", "host": "node-2", "role": "rank", "ranks": [1]}
+AGENT = {"name": "tf-r-torchrun", "host": "node-3", "role": "torchrun", "ranks": [4, 5, 6, 7]}
+SSHD = {"name": "tf-r-sshd", "host": "node-2", "role": "sshd", "ranks": [], "service": True}
+MPIRUN = {"name": "tf-r-mpirun", "host": "node-1", "role": "mpirun", "ranks": [0, 1, 2]}
+
+
+@pytest.mark.parametrize("returncode, code", [(0, 0), (3, 3), (-signal.SIGKILL, 137), (-signal.SIGTERM, 143)])
+def test_exit_codes_read_as_a_shell_reports_them(returncode, code):
+    assert guard.exit_code(returncode) == code
+
+
+@pytest.mark.parametrize("unit, name", [(RANK, "rank 1 on node-2"), (AGENT, "torchrun (ranks 4-7) on node-3"),
+                                        (SSHD, "sshd on node-2"), (MPIRUN, "mpirun on node-1")])
+def test_units_are_named_as_a_user_knows_them(unit, name):
+    assert guard.who(unit) == name
+
+
+def test_only_a_non_zero_exit_aborts():
+    assert guard.abort_for_exit(RANK, 0) is None
+    abort = guard.abort_for_exit(RANK, 137)
+    assert abort == {"kind": "rank_failed", "host": "node-2", "unit": "tf-r-rank1",
+                     "reason": "rank 1 on node-2 exited with code 137"}
+
+
+@pytest.mark.parametrize("idle, limit, stalls", [(5, 0, False), (5, 10, False), (10, 10, True), (30, 10, True)])
+def test_a_stall_needs_a_limit_and_that_much_silence(idle, limit, stalls):
+    found = guard.stalled(RANK, idle, limit)
+    assert (found is not None) == stalls
+    if stalls:
+        assert found["kind"] == "stalled" and f"launch_stall_timeout={limit}" in found["reason"]
+
+
+def test_a_unit_is_lost_when_its_heartbeat_stands_still_past_the_timeout():
+    units = [MPIRUN, SSHD, RANK]
+    # Unit 1 beat 3 s ago, unit 2 11 s ago; unit 0 (the host) is never judged by itself.
+    assert guard.lost_units(units, {1: 97.0, 2: 89.0}, {0}, now=100.0, node_timeout=10, started=0.0,
+                            start_timeout=200) == [2]
+    # A unit that finished is not lost, however old its last beat.
+    assert guard.lost_units(units, {1: 97.0, 2: 89.0}, {0, 2}, 100.0, 10, 0.0, 200) == []
+
+
+def test_a_unit_that_never_beat_gets_the_start_allowance():
+    units = [MPIRUN, SSHD]
+    assert guard.lost_units(units, {}, {0}, now=50.0, node_timeout=10, started=0.0, start_timeout=60) == []
+    assert guard.lost_units(units, {}, {0}, now=61.0, node_timeout=10, started=0.0, start_timeout=60) == [1]
+
+
+def test_a_loss_names_every_lost_host_once():
+    abort = guard.abort_for_lost([MPIRUN, SSHD, RANK, AGENT], [1, 2, 3], 10)
+    assert abort["kind"] == "node_lost" and abort["hosts"] == ["node-2", "node-3"]
+    assert abort["reason"].startswith("lost node-2, node-3: no heartbeat for 10s (launch_node_timeout)")
+
+
+def test_the_run_state_follows_the_primary_units_not_the_services():
+    units = [MPIRUN, SSHD]
+    assert guard.job_state(units, {}, None, []) == "running"
+    assert guard.job_state(units, {0: 0}, None, []) == "succeeded"  # sshd is a service
+    assert guard.job_state(units, {0: 1}, None, []) == "failed"
+    assert guard.job_state(units, {}, {"kind": "stopped"}, []) == "stopped"
+    assert guard.job_state(units, {}, {"kind": "node_lost"}, []) == "failed"
+
+
+def test_usage_errors_exit_2(capsys):
+    assert guard.main(["config.json", "0", "python3"]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+def test_state_files_are_replaced_whole(tmp_path):
+    path = tmp_path / "guard-0.json"
+    guard.write_json(str(path), {"state": "running"})
+    guard.write_json(str(path), {"state": "stopped"})
+    assert path.read_text().count("stopped") == 1 and list(tmp_path.iterdir()) == [path]
