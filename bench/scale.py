@@ -39,7 +39,7 @@ from torchfleet import Job, JobFailed
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "torchfleet/train:2.13.0-cpu"
 PREFIX = "tfscale"
-SUBNET = "172.29.9"
+SUBNET = "172.29.12"  # apart from every test cluster
 PYTHON = "/opt/venv/bin/python3"
 NODE_TIMEOUT = 5
 

@@ -150,22 +150,9 @@ def cmd_status(args: argparse.Namespace) -> dict[str, Any]:
     return {"ok": True, "status": status.to_dict()}
 
 
-def cmd_attach(args: argparse.Namespace) -> dict[str, Any]:
-    run = _cluster(args).run(args.run_id).attach()
-    if not args.json:
-        _print_run(run)
-    return {"ok": True, "run": run.to_dict()}
-
-
-def cmd_stop(args: argparse.Namespace) -> dict[str, Any]:
-    run = _cluster(args).run(args.run_id).stop()
-    if not args.json:
-        _print_run(run)
-    return {"ok": True, "run": run.to_dict()}
-
-
-def cmd_collect(args: argparse.Namespace) -> dict[str, Any]:
-    run = _cluster(args).run(args.run_id).collect()
+def cmd_run_action(args: argparse.Namespace) -> dict[str, Any]:
+    """attach, stop or collect: the Run handle's method of that name, then the run's table."""
+    run = getattr(_cluster(args).run(args.run_id), args.action)()
     if not args.json:
         _print_run(run)
     return {"ok": True, "run": run.to_dict()}
@@ -359,12 +346,12 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs)
     for name, func, text in (
             ("status", cmd_status, "a run's state on the cluster, unit by unit"),
-            ("attach", cmd_attach, "follow a run until it ends, then collect it (Ctrl-C only detaches)"),
-            ("stop", cmd_stop, "stop every rank of a run on every node, and collect it"),
-            ("collect", cmd_collect, "bring a run's logs, checksums and model into runs/RUN/")):
+            ("attach", cmd_run_action, "follow a run until it ends, then collect it (Ctrl-C only detaches)"),
+            ("stop", cmd_run_action, "stop every rank of a run on every node, and collect it"),
+            ("collect", cmd_run_action, "bring a run's logs, checksums and model into runs/RUN/")):
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("run_id", help="the run's id (torchfleet runs lists them)")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, action=name)
 
     p = sub.add_parser("logs", parents=[common], help="print a run's per-rank logs (default: the latest run)")
     p.add_argument("run_id", nargs="?", help="run id (see runs/)")

@@ -467,17 +467,16 @@ def _pin_env(ctx: _NodeContext) -> dict[str, str]:
 
 
 def _build_torchrun(ctx: _NodeContext) -> None:
-    """One torchrun agent per node, c10d rendezvous on the master at MASTER_PORT. is_host
-    says who hosts the store (torchrun's own guess misses overlay and explicit addresses);
-    --local-addr is the MASTER_ADDR it hands its ranks."""
+    """One torchrun agent per node, static rendezvous on the master at MASTER_PORT: the
+    node rank decides who hosts the store and which global ranks run where, so they are the
+    plan's (c10d rendezvous ignores --node-rank and orders the nodes by address)."""
     workload = ctx.workload_argv()
     script = workload[1:]
-    address = str(ctx.rows[0]["address"])
     argv = [ctx.python, "-m", "torch.distributed.run", "--nnodes", str(ctx.table["num_nodes"]),
             "--nproc-per-node", str(len(ctx.rows)), "--node-rank", str(ctx.rows[0]["node_rank"]),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ctx.table['master_addr']}:{ctx.table['master_port']}",
-            "--rdzv-id", ctx.run_id, "--max-restarts", "0", "--tee", "3",
-            "--rdzv-conf", f"is_host={1 if ctx.is_master else 0}", "--local-addr", address]
+            "--rdzv-backend", "static", "--master-addr", str(ctx.table["master_addr"]),
+            "--master-port", str(ctx.table["master_port"]), "--rdzv-id", ctx.run_id, "--max-restarts", "0",
+            "--tee", "3"]
     # torchrun runs `python -u script` or `python -u -m module`; through the pin wrapper it
     # runs the command as given.
     if ctx.job.get("command"):

@@ -1,15 +1,13 @@
 """A two-node local docker-host cluster of its own, shared by the API and CLI tests."""
 
-from pathlib import Path
-
 import pytest
 
-import torchfleet
+from harness import ENV, local_cluster, local_cluster_down, mark_folder
+from harness import node_sh as _node_sh
 
-ROOT = Path(__file__).resolve().parents[2]
 NAME = "pytest-api"
 SUBNET = "172.29.6.0/24"
-ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet")}
+__all__ = ["ENV", "NAME", "SUBNET", "node_sh"]
 
 CRASHING_WORKLOAD = """
 import sys, time
@@ -25,9 +23,7 @@ time.sleep(300)
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if Path(item.fspath).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.cluster)
+    mark_folder(items, __file__, pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")
@@ -43,11 +39,8 @@ def inventory_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster(inventory_dir, runs_dir):
     """Two docker hosts, created through the API; removed at the end."""
-    # The nodes load the image from the archive folder they share with this machine.
-    cluster, _ = torchfleet.local_up(2, name=NAME, subnet=SUBNET, inventory_dir=inventory_dir,
-                                     runs_dir=runs_dir, env=ENV, extra_vars={"image_archive_on_node": True})
-    yield cluster
-    torchfleet.local_down(name=NAME, inventory_dir=inventory_dir, env=ENV)
+    yield local_cluster(NAME, SUBNET, inventory_dir, runs_dir)
+    local_cluster_down(NAME, inventory_dir)
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +57,5 @@ def crashing_workload(tmp_path_factory):
 
 
 def node_sh(node, command):
-    """Run a shell command inside one docker host (on the host's own engine)."""
-    import subprocess
-
-    return subprocess.run(["docker", "exec", f"{NAME}-{node}", "sh", "-c", command],
-                          capture_output=True, text=True, check=True).stdout
+    """Run a shell command inside one of this cluster's docker hosts."""
+    return _node_sh(NAME, node, command).stdout

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import torchfleet
+from harness import ENV, ROOT, local_cluster, local_cluster_down, mark_folder, node_sh
 
-ROOT = Path(__file__).resolve().parents[2]
 NAME = "pytest-faults"
-SUBNET = "172.29.7.0/24"
-ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet")}
+SUBNET = "172.29.8.0/24"  # every molecule scenario and pytest cluster has its own
 TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
 WORKLOAD = ROOT / "tests" / "fixtures" / "workloads" / "faults" / "faults.py"
 # Short enough to keep the matrix quick, long enough for two cores shared with the nodes.
@@ -24,22 +22,19 @@ TIMING = ["-e", f"launch_node_timeout={NODE_TIMEOUT}", "-e", "launch_stop_grace=
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if Path(item.fspath).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.faults)
+    mark_folder(items, __file__, pytest.mark.faults)
 
 
 @pytest.fixture(scope="session")
 def faults_cluster(tmp_path_factory):
     inventory_dir = tmp_path_factory.mktemp("inventory")
     runs_dir = tmp_path_factory.mktemp("runs")
-    cluster, _ = torchfleet.local_up(2, name=NAME, subnet=SUBNET, inventory_dir=inventory_dir, runs_dir=runs_dir,
-                                     env=ENV, extra_vars={"image_archive_on_node": True}, progress=False)
+    cluster = local_cluster(NAME, SUBNET, inventory_dir, runs_dir, progress=False)
     cluster.provision()
     yield Faults(cluster, inventory_dir, runs_dir)
     for node in ("node-1", "node-2"):
         subprocess.run(["docker", "unpause", f"{NAME}-{node}"], capture_output=True)
-    torchfleet.local_down(name=NAME, inventory_dir=inventory_dir, env=ENV, progress=False)
+    local_cluster_down(NAME, inventory_dir, progress=False)
 
 
 class Faults:
@@ -54,7 +49,7 @@ class Faults:
 
     def cli(self, *args, timeout=600):
         """Run the CLI to its end: (exit code, JSON document)."""
-        done = subprocess.run(self.args(*args, "--json"), capture_output=True, text=True, env=self.env,
+        done = subprocess.run(self.args(args[0], "--json", *args[1:]), capture_output=True, text=True, env=self.env,
                               timeout=timeout)
         try:
             return done.returncode, json.loads(done.stdout)
@@ -68,21 +63,21 @@ class Faults:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
 
     def node(self, node, command, check=True):
-        done = subprocess.run(["docker", "exec", f"{NAME}-{node}", "sh", "-c", command], capture_output=True,
-                              text=True)
-        if check and done.returncode != 0:
-            raise AssertionError(f"{node}: {command}: {done.stderr}")
-        return done.stdout
+        return node_sh(NAME, node, command, check).stdout
 
     def ranks(self, node, running_only=False):
         """The rank containers docker shows on a node (its own engine)."""
         flag = "" if running_only else "-a"
         return self.node(node, f"docker ps {flag} -q --filter label=torchfleet.run").split()
 
-    def wait_running(self, run_id, count=2, timeout=180):
+    def wait_running(self, run_id, count=2, timeout=180, launch=None):
         """Until every rank has printed its first step: the job is past its collective."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if launch is not None and launch.poll() is not None:
+                out, err = launch.communicate()
+                raise AssertionError(f"the launch of {run_id} ended first, exit {launch.returncode}: "
+                                     f"{out[-2000:]}\n{err[-2000:]}")
             steps = sum(self.node(n, f"grep -l 'step at' /var/lib/torchfleet/runs/{run_id}/rank-*.log "
                                      "2>/dev/null | wc -l", check=False).strip() not in ("", "0")
                         for n in ("node-1", "node-2"))

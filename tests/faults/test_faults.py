@@ -63,7 +63,10 @@ def test_a_crashed_rank_stops_the_rest_while_nothing_is_attached_torchrun(faults
     run = info.value.run
     assert info.value.rank == 1 and "rank 1" in info.value.message
     assert {r.rank: r.outcome for r in run.ranks} == {0: "stopped", 1: "failed"}
-    assert "exited with code 137" in run.ranks[0].stopped_because
+    # The guard names the unit that failed (node-2's torchrun agent); torchrun's own report,
+    # the rank's (SIGKILL).
+    assert "(rank 1) on node-2 exited with code" in run.ranks[0].stopped_because
+    assert run.ranks[1].exit_code == 137
     assert "crashing now" in run.ranks[1].log() and "step at" in run.ranks[0].log()
     assert_nothing_left(f)
 
@@ -73,7 +76,7 @@ def test_a_paused_node_stops_every_rank_and_is_named(faults_cluster, lost, other
     f = faults_cluster
     run_id = f"paused-{lost}"
     launch = f.launch(run_id)
-    f.wait_running(run_id)
+    f.wait_running(run_id, launch=launch)
     since = time.time()
     inner = f.freeze(lost)
     try:
@@ -95,7 +98,7 @@ def test_a_paused_node_stops_every_rank_and_is_named(faults_cluster, lost, other
 def test_a_node_cut_from_the_network_is_lost(faults_cluster):
     f = faults_cluster
     launch = f.launch("cut")
-    f.wait_running("cut")
+    f.wait_running("cut", launch=launch)
     since = time.time()
     f.cut("node-2")
     try:
@@ -114,7 +117,7 @@ def test_a_node_cut_from_the_network_is_lost(faults_cluster):
 def test_ctrl_c_on_launch_stops_everything_and_keeps_the_logs(faults_cluster):
     f = faults_cluster
     launch = f.launch("interrupted")
-    f.wait_running("interrupted")
+    f.wait_running("interrupted", launch=launch)
     launch.send_signal(signal.SIGINT)
     code, out = finish(launch)
     assert code == 130, out
@@ -128,7 +131,7 @@ def test_ctrl_c_on_launch_stops_everything_and_keeps_the_logs(faults_cluster):
 def test_a_killed_controller_leaves_the_run_supervised_and_its_job_locked(faults_cluster):
     f = faults_cluster
     launch = f.launch("orphan", seconds=40)
-    f.wait_running("orphan")
+    f.wait_running("orphan", launch=launch)
     launch.kill()
     launch.wait()
     code, out = f.cli("status", "orphan")
@@ -170,12 +173,15 @@ def test_a_taken_port_on_the_master_starts_nothing(faults_cluster, port, variabl
     f = faults_cluster
     address = f.node("node-1", "hostname -i").split()[0]
     holder = subprocess.Popen(["docker", "exec", "pytest-faults-node-1", "python3", "-c",
-                               f"import socket,time; s=socket.socket(); s.bind(('{address}', {port})); s.listen(); "
-                               "print('listening', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+                               f"import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{address}', {port})); s.listen(); "
+                               "print('listening', flush=True); time.sleep(120)  # port-holder"],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "listening"
         code, out = f.cli("launch", "--workload", str(WORKLOAD), "--job", "faults", "--", "--seconds", "5")
     finally:
+        # Killing docker exec leaves its command running in the node.
+        f.node("node-1", "pkill -f port-holder", check=False)
         holder.kill()
     assert code == 3 and out["error"]["host"] == "node-1", out
     assert f"{variable} {port} is already in use" in out["error"]["message"]
@@ -185,7 +191,7 @@ def test_a_taken_port_on_the_master_starts_nothing(faults_cluster, port, variabl
 def test_a_rank_that_makes_no_progress_is_stopped_as_stalled(faults_cluster):
     f = faults_cluster
     launch = f.launch("stall", "-e", "launch_stall_timeout=6")
-    f.wait_running("stall")
+    f.wait_running("stall", launch=launch)
     container = f.ranks("node-2", running_only=True)[0]
     # SIGSTOP the rank's own process (the guard's child), by the pid it printed.
     pid = f.node("node-2", "sed -n 's/.*computing alone (pid \\([0-9]*\\)).*/\\1/p' "

@@ -39,6 +39,14 @@ def test_a_stall_needs_a_limit_and_that_much_silence(idle, limit, stalls):
         assert found["kind"] == "stalled" and f"launch_stall_timeout={limit}" in found["reason"]
 
 
+@pytest.mark.parametrize("idle, stalls", [(10, False), (119, False), (121, True)])
+def test_a_unit_still_starting_gets_the_start_allowance_before_it_counts_as_stalled(idle, stalls):
+    found = guard.stalled(RANK, idle, 10, progressed=False, start_timeout=120)
+    assert (found is not None) == stalls
+    if stalls:
+        assert "no progress since its start" in found["reason"]
+
+
 def test_a_unit_is_lost_when_its_heartbeat_stands_still_past_the_timeout():
     units = [MPIRUN, SSHD, RANK]
     # Unit 1 beat 3 s ago, unit 2 11 s ago; unit 0 (the host) is never judged by itself.

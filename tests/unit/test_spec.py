@@ -334,17 +334,16 @@ def test_torchrun_one_agent_per_node(runtime):
         (names[2], "node-3", kind, "torchrun", 1, [3]),
     ]
     assert [u.listen for u in built.units] == [{"host": MASTER_ADDR, "port": PORT}, None, None]
-    for u, (host, address, procs, _), node_rank in zip(built.units, HOSTS, [0, 1, 2]):
+    for u, (host, _, procs, _), node_rank in zip(built.units, HOSTS, [0, 1, 2]):
         a = u.argv
         assert a[:3] == [python, "-m", "torch.distributed.run"]
-        opt = {a[i]: a[i + 1] for i in range(3, a.index("--local-addr") + 1, 2)}
+        opt = {a[i]: a[i + 1] for i in range(3, a.index("--tee") + 1, 2)}
         assert opt["--nnodes"] == "3"
         assert opt["--nproc-per-node"] == str(procs)
         assert opt["--node-rank"] == str(node_rank)
-        assert opt["--rdzv-endpoint"] == f"{MASTER_ADDR}:{PORT}"
+        assert opt["--rdzv-backend"] == "static"
+        assert (opt["--master-addr"], opt["--master-port"]) == (MASTER_ADDR, str(PORT))
         assert opt["--rdzv-id"] == RUN_ID
-        assert opt["--rdzv-conf"] == f"is_host={1 if host == MASTER else 0}"
-        assert opt["--local-addr"] == address
         assert a[-1] == "mnist.py"
         assert u.env["OMP_NUM_THREADS"] == str(SHARED_THREADS[host])
         assert u.env["NODE_RANK"] == str(node_rank)

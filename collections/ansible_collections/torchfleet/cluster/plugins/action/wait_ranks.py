@@ -138,12 +138,14 @@ class ActionModule(ActionBase):
         return result
 
     def _guards_done(self, args, expected, task_vars):
-        """Every unit of this node ended with code 0, by its guard's record."""
+        """Every unit of this node ended with code 0, by its guard's record (the store's host
+        records its child's exit at once, and stays up for the others)."""
         state = self._execute_module(module_name="torchfleet.cluster.run_state",
                                      module_args={"node_dir": args["node_dir"], "run_id": args["run_id"]},
                                      task_vars=task_vars)
         units = (state.get("run") or {}).get("units") or []
-        return len(units) >= expected and all(u["state"] == "exited" and u.get("exit_code") == 0 for u in units)
+        return len(units) >= expected and all(u.get("child_exit_code") == 0 or (u["state"] == "exited" and u.get("exit_code") == 0)
+                                             for u in units)
 
     def _listening(self, listen, task_vars):
         probe = self._execute_module(

@@ -59,11 +59,15 @@ def abort_for_exit(unit: dict, code: int) -> dict | None:
             "reason": f"{who(unit)} exited with code {code}"}
 
 
-def stalled(unit: dict, idle_s: float, stall_timeout: float) -> dict | None:
-    if stall_timeout <= 0 or idle_s < stall_timeout:
+def stalled(unit: dict, idle_s: float, stall_timeout: float, progressed: bool = True,
+            start_timeout: float = 0) -> dict | None:
+    """A unit silent for ``stall_timeout``. Before its first sign of progress it is still
+    starting (importing, joining the group): the start's allowance applies, if longer."""
+    if stall_timeout <= 0 or idle_s < (stall_timeout if progressed else max(stall_timeout, start_timeout)):
         return None
+    what = "made no progress" if progressed else "showed no progress since its start"
     return {"kind": "stalled", "host": unit["host"], "unit": unit["name"],
-            "reason": f"{who(unit)} made no progress (no output line, no heartbeat) for {int(idle_s)}s "
+            "reason": f"{who(unit)} {what} (no output line, no heartbeat) for {int(idle_s)}s "
                       f"(launch_stall_timeout={stall_timeout:g})"}
 
 
@@ -135,6 +139,7 @@ class Guard:
         self.last_progress = self.started
         self.heartbeat_file = self.unit.get("heartbeat")
         self.heartbeat_mtime = 0.0
+        self.has_progressed = False
         self.signalled: int | None = None
         # A store op on a frozen or cut-off host blocks (the client sets no receive timeout);
         # the watchdog thread ends such a guard's unit on its own (store ops release the GIL).
@@ -161,7 +166,7 @@ class Guard:
         if self.unit.get("log"):
             outs.append(open(self.unit["log"], "ab"))
         for line in iter(self.child.stdout.readline, b""):
-            self.last_progress = time.monotonic()
+            self.last_progress, self.has_progressed = time.monotonic(), True
             for out in outs:
                 out.write(line)
                 out.flush()
@@ -188,7 +193,7 @@ class Guard:
                 mtime = 0.0
             if mtime > self.heartbeat_mtime:
                 self.heartbeat_mtime = mtime
-                self.last_progress = time.monotonic()
+                self.last_progress, self.has_progressed = time.monotonic(), True
         return time.monotonic() - self.last_progress
 
     # -- the store --
@@ -266,7 +271,8 @@ class Guard:
                     abort = self.set_abort({"kind": "stopped", "host": self.unit["host"], "unit": self.unit["name"],
                                             "reason": f"{who(self.unit)} got signal {self.signalled}"})
                 if abort is None and code is None:
-                    found = stalled(self.unit, self.progressed(), self.stall_timeout)
+                    found = stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
+                                    self.start_timeout)
                     if found:
                         abort = self.set_abort(dict(found, index=self.index))
                 if abort is None and self.unit.get("service") and self.store.check(["done"]):
@@ -288,7 +294,11 @@ class Guard:
             if abort is not None:
                 return self.abort(abort, exits)
             if code is not None:
-                # Exited cleanly: say so, and (the host) keep the store up for the others.
+                # Exited cleanly: say so, and (the host) keep the store up for the others. The
+                # record says it at once, so a launch phase waiting on this unit can go on.
+                if "child_exit_code" not in self.state:
+                    self.state["child_exit_code"] = 0
+                    self._write_state()
                 if self.store is not None:
                     self._record_exit(0)
                 if not self.is_host:

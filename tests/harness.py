@@ -1,0 +1,39 @@
+"""What the cluster test folders share: each has a local docker-host cluster of its own
+(its own name and subnet, so the suite's lanes can run side by side), made and removed
+through the API, and a way into its nodes."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import torchfleet
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet")}
+
+
+def mark_folder(items, folder: str, marker: pytest.MarkDecorator) -> None:
+    """Every test in ``folder`` (a conftest's own) carries ``marker``."""
+    for item in items:
+        if Path(item.fspath).parent == Path(folder).parent:
+            item.add_marker(marker)
+
+
+def local_cluster(name: str, subnet: str, inventory_dir: Path, runs_dir: Path, **kwargs) -> torchfleet.Cluster:
+    # The nodes load the image from the archive folder they share with this machine.
+    cluster, _ = torchfleet.local_up(2, name=name, subnet=subnet, inventory_dir=inventory_dir, runs_dir=runs_dir,
+                                     env=ENV, extra_vars={"image_archive_on_node": True}, **kwargs)
+    return cluster
+
+
+def local_cluster_down(name: str, inventory_dir: Path, **kwargs) -> None:
+    torchfleet.local_down(name=name, inventory_dir=inventory_dir, env=ENV, **kwargs)
+
+
+def node_sh(cluster: str, node: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    """A shell command inside one docker host (on the host's own engine)."""
+    done = subprocess.run(["docker", "exec", f"{cluster}-{node}", "sh", "-c", command], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{node}: {command}: {done.stderr}")
+    return done
