@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -610,7 +611,9 @@ class Cluster:
             runner = ansible_runner.run(
                 private_data_dir=str(private),
                 project_dir=str(self.project_dir),
-                playbook=str(self.project_dir / playbook),
+                # ansible-playbook through torchfleet.playbook_child: it ends with this process.
+                binary=_PLAYBOOK_CHILD,
+                cmdline=shlex.quote(str(self.project_dir / playbook)),
                 inventory=[str(p) for p in self.inventory],
                 envvars=env,
                 event_handler=collector,
@@ -650,6 +653,7 @@ class Cluster:
 # --- the runner's private folder ----------------------------------------------------------
 
 _PRIVATE_PREFIX = "torchfleet-runner-"
+_PLAYBOOK_CHILD = str(Path(sys.executable).parent / "torchfleet-ansible-playbook")
 # Seconds ansible-playbook gets to stop its workers before it is killed.
 GRACE_S = 10.0
 

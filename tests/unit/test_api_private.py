@@ -87,7 +87,7 @@ def test_variables_reach_ansible_playbook_through_a_private_file(project, monkey
     assert (out / "file.txt").read_text().strip().startswith(str(root))
     assert (out / "modes.txt").read_text().split() == ["600", "700"]
     command = json.loads((out / "command.txt").read_text())
-    assert command["command"][-3:-1] == ["-e", "@" + (out / "file.txt").read_text().strip()]
+    assert command["command"][-2:] == ["-e", "@" + (out / "file.txt").read_text().strip()]
     # The environment's names stay, its values (a proxy password here) do not.
     assert "https_proxy" in command["env"] and TOKEN not in json.dumps(command)
     assert list(root.iterdir()) == []
@@ -137,6 +137,23 @@ def test_the_folder_and_ansible_playbook_go_on_a_signal(project, signum):
     assert proc.returncode == -signum
     assert ("KeyboardInterrupt" in stderr) == (signum == signal.SIGINT)
     assert list(root.iterdir()) == []
+    assert _playbook_pids(root) == []
+
+
+def test_ansible_playbook_ends_when_its_caller_is_killed_outright(project):
+    """A controller killed with SIGKILL runs no handler: its ansible-playbook must not go on
+    alone (the run is the guards' to supervise, and attach follows it again)."""
+    proj, root, _ = project
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(proj), TOKEN], env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while not _playbook_pids(root):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while _playbook_pids(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert _playbook_pids(root) == []
 
 
