@@ -144,8 +144,9 @@ class ActionModule(ActionBase):
                                      module_args={"node_dir": args["node_dir"], "run_id": args["run_id"]},
                                      task_vars=task_vars)
         units = (state.get("run") or {}).get("units") or []
-        return len(units) >= expected and all(u.get("child_exit_code") == 0 or (u["state"] == "exited" and u.get("exit_code") == 0)
-                                             for u in units)
+        ended_ok = [u.get("child_exit_code") == 0 or (u["state"] == "exited" and u.get("exit_code") == 0)
+                    for u in units]
+        return len(units) >= expected and all(ended_ok)
 
     def _listening(self, listen, task_vars):
         probe = self._execute_module(
