@@ -87,3 +87,14 @@ def test_state_files_are_replaced_whole(tmp_path):
     guard.write_json(str(path), {"state": "running"})
     guard.write_json(str(path), {"state": "stopped"})
     assert path.read_text().count("stopped") == 1 and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_guard_that_ends_removes_the_nodes_secret_environment(tmp_path):
+    """Also where the controller lost the node and could not clean it (mpirun mode)."""
+    secret = tmp_path / "node.secret.env"
+    secret.write_text("TOKEN='x'\n")
+    config = {"units": [SSHD], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j"}
+    ended = guard.Guard(config, 0, ["true"], str(tmp_path))
+    ended._finish_unlocked(143, "stopped", None, None)
+    assert not secret.exists()
+    assert '"state": "stopped"' in (tmp_path / "guard-0.json").read_text()

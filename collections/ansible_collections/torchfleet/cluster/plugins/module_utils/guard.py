@@ -32,6 +32,10 @@ from datetime import datetime, timedelta, timezone
 # Exit codes of a guard whose unit it stopped: 128 + the signal, as a shell reports it.
 STOPPED = 128 + signal.SIGTERM
 ABORT_KINDS = ("rank_failed", "node_lost", "stalled", "timeout", "stopped")
+# The node's secret environment for mpirun's ranks (the launch role's secret_env_file.yml):
+# no rank of the run starts once a unit of it has ended, so the first guard to end removes
+# it, also on a node the controller lost and could not clean.
+SECRET_FILES = ("node.secret.env",)
 
 
 # --- decisions (pure; unit-tested without a store) --------------------------------------------
@@ -437,6 +441,11 @@ class Guard:
         return self._finish_unlocked(code, state, why, abort)
 
     def _finish_unlocked(self, code: int, state: str, why: str | None, abort: dict | None) -> int:
+        for name in SECRET_FILES:
+            try:
+                os.remove(os.path.join(self.run_dir, name))
+            except OSError:
+                pass
         self.state.update(state=state, exit_code=code, ended_at=_now())
         if why:
             self.state["stopped_because"] = why
