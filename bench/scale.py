@@ -43,9 +43,15 @@ SUBNET = "172.29.12"  # apart from every test cluster
 PYTHON = "/opt/venv/bin/python3"
 NODE_TIMEOUT = 5
 
+# Rank 0 opens MASTER_PORT as init_process_group would (the launch starts the other ranks
+# once it listens), without torch's import.
 WORKLOAD = '''
-import os, sys, time
+import os, socket, sys, time
 rank = int(os.environ["RANK"])
+if rank == 0:
+    listener = socket.socket()
+    listener.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+    listener.listen()
 crash = int(sys.argv[1]) if len(sys.argv) > 1 else -1
 print(f"rank {rank} of {os.environ['WORLD_SIZE']} started", flush=True)
 time.sleep(8)
@@ -164,7 +170,7 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
         pass
 
     # A node lost: the last one paused whole (its ranks are processes inside it).
-    run = cluster.submit(Job(workload=workload, name=f"scale{count}"))
+    run = cluster.submit(Job(workload=workload, name=f"scale{count}", args=["-1"]))
     wait_until(lambda: sh("docker", "exec", node(count), "sh", "-c",
                           f"grep -c step /var/lib/torchfleet/runs/{run.run_id}/rank-{count - 1}.log || true").strip()
                not in ("", "0"), 120, "the ranks to run")
@@ -180,7 +186,7 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
         pass
 
     # Stop.
-    run = cluster.submit(Job(workload=workload, name=f"scale{count}"))
+    run = cluster.submit(Job(workload=workload, name=f"scale{count}", args=["-1"]))
     stop_at = time.time()
     run.stop()
     states = guard_states(count, run.run_id)
@@ -208,6 +214,7 @@ def main() -> None:
         try:
             for count in sizes:
                 results[count] = measure(count, keys, folder, workload)
+                print(f"  {count} nodes: " + ", ".join(f"{k} {v:.2f}" for k, v in results[count].items()), flush=True)
         finally:
             remove_nodes(biggest)
     base = results[min(sizes)]
