@@ -175,7 +175,13 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
                           f"grep -c step /var/lib/torchfleet/runs/{run.run_id}/rank-{count - 1}.log || true").strip()
                not in ("", "0"), 120, "the ranks to run")
     lost_at = time.time()
-    sh("docker", "pause", node(count))
+    # The freezer can fail while the node is busy ("unable to freeze"); it is tried again.
+    for _ in range(10):
+        if subprocess.run(["docker", "pause", node(count)], capture_output=True).returncode == 0:
+            break
+        time.sleep(1)
+    else:
+        sys.exit(f"docker pause {node(count)} kept failing")
     states = wait_until(lambda: (s := guard_states(count - 1, run.run_id)) and len(
         [x for x in s if x.get("stopped_at")]) == count - 1 and s, 120, "the loss to stop every rank")
     out["lost_to_stopped_s"] = stopped_by(states, skip_host=last) - lost_at
