@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet")}
 
 
-def mark_folder(items, folder: str, marker: pytest.MarkDecorator) -> None:
-    """Every test in ``folder`` (a conftest's own) carries ``marker``."""
+def mark_folder(items, conftest: str, marker: pytest.MarkDecorator) -> None:
+    """Every test in the folder of ``conftest`` (a conftest's ``__file__``) carries ``marker``."""
     for item in items:
-        if Path(item.fspath).parent == Path(folder).parent:
+        if Path(item.fspath).parent == Path(conftest).parent:
             item.add_marker(marker)
 
 
