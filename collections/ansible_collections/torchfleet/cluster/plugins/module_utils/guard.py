@@ -149,6 +149,9 @@ class Guard:
         # the watchdog thread ends such a guard's unit on its own (store ops release the GIL).
         self.last_ok = time.monotonic()
         self.ending = threading.Lock()
+        # Set when the unit ends, a signal comes or any guard posts the abort: the loop then
+        # acts at once instead of at its next poll.
+        self.wake = threading.Event()
         self.state = {"unit": index, "name": self.unit["name"], "host": self.unit["host"], "role": self.unit["role"],
                       "ranks": self.unit.get("ranks", []), "state": "starting", "started_at": _now()}
 
@@ -174,6 +177,7 @@ class Guard:
             for out in outs:
                 out.write(line)
                 out.flush()
+        self.wake.set()
 
     def stop_child(self) -> int:
         """SIGTERM to the unit's process group, SIGKILL after the grace period."""
@@ -225,7 +229,24 @@ class Guard:
             self.store_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self.store = None
             return False
+        threading.Thread(target=self._await_abort, args=(TCPStore, host, port), daemon=True).start()
         return True
+
+    def _await_abort(self, store_class, host: str, port: int) -> None:
+        """Wake the loop the moment any guard posts the abort. A connection of its own: a
+        client is one socket, and this wait blocks it."""
+        try:
+            store = store_class(host, port, is_master=False, timeout=timedelta(seconds=self.start_timeout))
+        except Exception:  # noqa: BLE001 - the loop's polls still see the abort
+            return
+        while True:
+            try:
+                store.wait(["abort"], timedelta(seconds=60))
+            except Exception:  # noqa: BLE001 - the wait's timeout, or the store gone: the polls decide
+                time.sleep(self.poll)
+                continue
+            self.wake.set()
+            return
 
     def read_abort(self) -> dict | None:
         if self.store.check(["abort"]):
@@ -251,6 +272,7 @@ class Guard:
         counters: dict[int, int] = {}
         exits: dict[int, int] = {}
         while True:
+            self.wake.clear()
             now = time.monotonic()
             if self.is_host and now - last_loop > self.node_timeout:
                 # The host itself stood still (paused, starved): the others' silence may be its
@@ -309,7 +331,7 @@ class Guard:
                     return self.finish(0, "exited")
                 if job_state(self.units, exits, None, []) == "succeeded":
                     return self.finish_host(exits, None)
-            time.sleep(self.poll)
+            self.wake.wait(self.poll)
 
     def _store_limit(self) -> float:
         """Until the store first answers, the start's allowance applies."""
@@ -337,6 +359,7 @@ class Guard:
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signum
+        self.wake.set()
 
     def _stop_requested(self) -> dict | None:
         path = os.path.join(self.run_dir, "stop")
