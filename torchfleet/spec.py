@@ -592,6 +592,23 @@ def _mask(value: Any) -> Any:
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
+def out_of_range(checks: list[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The launch numbers outside their range, each as the variable and a sentence. A check
+    is ``{name, value, min, max}`` (``max`` None: no upper bound) and may say ``why``."""
+    found = []
+    for check in checks:
+        name, value, low, high = check["name"], check["value"], check["min"], check.get("max")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is not None and number >= low and (high is None or number <= high):
+            continue
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        found.append({"variable": name, "message": f"{name}={value} must be {bound}{check.get('why', '')}"})
+    return found
+
+
 def check_job(name: Any) -> str:
     """launch_job names containers, folders and labels, so it is never empty and stays plain."""
     if not isinstance(name, str) or not JOB_NAME.match(name):

@@ -774,3 +774,18 @@ def test_guard_settings_reach_every_guard():
     built = build("container", guard={"port": 31000, "node_timeout": 7, "stall_timeout": 30, "timeout": 600})
     g = built.guard
     assert (g["store"]["port"], g["node_timeout"], g["stall_timeout"], g["job_timeout"]) == (31000, 7, 30, 600)
+
+
+def test_numbers_out_of_range_are_each_named_with_their_bounds():
+    checks = [{"name": "launch_timeout", "value": -1, "min": 0, "max": None, "why": " (0: no limit)"},
+              {"name": "launch_guard_port", "value": "70000", "min": 1, "max": 65535},
+              {"name": "launch_guard_poll_interval", "value": 0, "min": 0.05, "max": 60},
+              {"name": "launch_keep_runs", "value": 3, "min": 1, "max": None},
+              {"name": "launch_node_timeout", "value": "soon", "min": 1, "max": None}]
+    assert spec.out_of_range(checks) == [
+        {"variable": "launch_timeout", "message": "launch_timeout=-1 must be at least 0 (0: no limit)"},
+        {"variable": "launch_guard_port", "message": "launch_guard_port=70000 must be between 1 and 65535"},
+        {"variable": "launch_guard_poll_interval",
+         "message": "launch_guard_poll_interval=0 must be between 0.05 and 60"},
+        {"variable": "launch_node_timeout", "message": "launch_node_timeout=soon must be at least 1"},
+    ]

@@ -62,6 +62,11 @@ def split_site_env(settings, secret, host):
         return {"public": {}, "secret": {}, "shown": {}, "error": {"message": str(exc), "variable": exc.variable}}
 
 
+def out_of_range(checks):
+    """The checks of ``{name, value, min, max}`` that fail, as ``{variable, message}``."""
+    return spec.out_of_range(checks)
+
+
 def spec_units(launch_spec, host, phase=None, kind=None):
     """This node's units of the launch spec, of one phase and kind when given."""
     return [u for u in launch_spec["units"] if u["host"] == host and (phase is None or u["phase"] == int(phase))
@@ -105,6 +110,7 @@ class FilterModule:
             "overlay_check_endpoints": _wrap(overlay_check_endpoints),
             "overlay_allocate_error": overlay_allocate_error,
             "split_site_env": split_site_env,
+            "out_of_range": out_of_range,
             "spec_units": spec_units,
             "process_entries": process_entries,
             "overlay_state": _wrap(overlay_state),

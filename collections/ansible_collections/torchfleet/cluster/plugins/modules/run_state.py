@@ -20,13 +20,18 @@ description:
   - With I(state=stopped) it writes the run's C(stop) file (every running run's, without
     I(run_id)), which every guard on the node reads on its next poll: the run stops
     everywhere, each unit recording I(reason).
-  - With I(state=pruned) it removes the oldest finished run folders beyond I(keep).
+  - With I(state=present) it removes the oldest finished run folders beyond I(keep), then
+    creates the run's folder and writes I(files) into it, each whole (a temporary file, then
+    a rename): one call where a start would otherwise spend a task per file.
 options:
   node_dir: {description: torchfleet's folder on the node (launch_node_dir)., type: path, required: true}
   run_id: {description: One run; every run when unset., type: str}
-  state: {description: What to do., type: str, choices: [info, stopped, pruned], default: info}
+  state: {description: What to do., type: str, choices: [info, stopped, present], default: info}
+  files: {description: With I(state=present), file name to content; names have no folder part., type: dict, default: {}}
+  owner: {description: With I(state=present), the uid that owns the run's folder., type: int}
+  group: {description: With I(state=present), the gid that owns the run's folder., type: int}
   reason: {description: With I(state=stopped), why; each stopped unit records it., type: str}
-  keep: {description: With I(state=pruned), how many finished runs to keep., type: int, default: 10}
+  keep: {description: With I(state=present), how many finished runs to keep besides it., type: int, default: 10}
   tail_lines: {description: Log lines to return per unit with I(run_id)., type: int, default: 0}
   spec: {description: With I(run_id), also return the run's spec.json., type: bool, default: false}
 """
@@ -95,21 +100,74 @@ def request_stop(run_dir, reason):
     os.replace(stop_file + ".tmp", stop_file)
 
 
+def prune(runs_dir, runs, keep):
+    finished = [r for r in runs if r["state"] != "running"]
+    # Run ids begin with their UTC start time, so name order is age order.
+    doomed = finished[: max(0, len(finished) - max(keep, 0))]
+    for r in doomed:
+        shutil.rmtree(os.path.join(runs_dir, r["run_id"]), ignore_errors=True)
+    return [r["run_id"] for r in doomed]
+
+
+def write_files(run_dir, files):
+    """Write each file whole; return the names whose content changed."""
+    changed = []
+    for name, content in files.items():
+        path = os.path.join(run_dir, name)
+        data = content.encode()
+        try:
+            with open(path, "rb") as fh:
+                if fh.read() == data:
+                    continue
+        except OSError:
+            pass
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(data)
+        os.chmod(path + ".tmp", 0o644)
+        os.replace(path + ".tmp", path)
+        changed.append(name)
+    return changed
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "node_dir": {"type": "path", "required": True},
             "run_id": {"type": "str"},
-            "state": {"type": "str", "choices": ["info", "stopped", "pruned"], "default": "info"},
+            "state": {"type": "str", "choices": ["info", "stopped", "present"], "default": "info"},
+            "files": {"type": "dict", "default": {}},
+            "owner": {"type": "int"},
+            "group": {"type": "int"},
             "reason": {"type": "str"},
             "keep": {"type": "int", "default": 10},
             "tail_lines": {"type": "int", "default": 0},
             "spec": {"type": "bool", "default": False},
         },
+        required_if=[("state", "present", ["run_id"])],
         supports_check_mode=True,
     )
     p = module.params
     runs_dir = os.path.join(p["node_dir"], "runs")
+    if p["state"] == "present":
+        bad = [name for name in p["files"] if not name or os.path.basename(name) != name or name in (".", "..")]
+        if bad:
+            module.fail_json(msg=f"files: {', '.join(map(repr, bad))} must be plain file names")
+        run_dir = os.path.join(runs_dir, p["run_id"])
+        runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*")))
+                if os.path.isdir(d) and d != run_dir]
+        if module.check_mode:
+            module.exit_json(changed=not os.path.isdir(run_dir))
+        removed = prune(runs_dir, runs, p["keep"])
+        created = not os.path.isdir(run_dir)
+        os.makedirs(run_dir, mode=0o755, exist_ok=True)
+        if p["owner"] is not None or p["group"] is not None:
+            stat = os.stat(run_dir)
+            if (stat.st_uid, stat.st_gid) != (p["owner"] if p["owner"] is not None else stat.st_uid,
+                                              p["group"] if p["group"] is not None else stat.st_gid):
+                os.chown(run_dir, -1 if p["owner"] is None else p["owner"], -1 if p["group"] is None else p["group"])
+                created = True
+        written = write_files(run_dir, {k: str(v) for k, v in p["files"].items()})
+        module.exit_json(changed=bool(created or written or removed), removed=removed, written=written)
     if p["run_id"]:
         run_dir = os.path.join(runs_dir, p["run_id"])
         if not os.path.isdir(run_dir):
@@ -130,14 +188,6 @@ def main():
             for run_id in asked:
                 request_stop(os.path.join(runs_dir, run_id), p["reason"])
         module.exit_json(changed=bool(asked), stopped=asked)
-    if p["state"] == "pruned":
-        finished = [r for r in runs if r["state"] != "running"]
-        # Run ids begin with their UTC start time, so name order is age order.
-        doomed = finished[: max(0, len(finished) - max(p["keep"], 0))]
-        if not module.check_mode:
-            for r in doomed:
-                shutil.rmtree(os.path.join(runs_dir, r["run_id"]), ignore_errors=True)
-        module.exit_json(changed=bool(doomed), removed=[r["run_id"] for r in doomed])
     module.exit_json(changed=False, runs=runs)
 
 
