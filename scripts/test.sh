@@ -58,10 +58,10 @@ if ! $quick; then
     read -r -a first <<<"$SCENARIOS"
     second=()
   elif [ "$lanes" -ge 2 ]; then
-    # Balanced by their wall times on a fresh clone (minutes): 13 + 9.5 + 6 + 2 against
-    # 12 + 4.5 + 4 + 10 (the fault matrix). Each lane starts with a heavy converge.
-    first=(default bare-metal pytest-cluster image-pull)
-    second=(mpirun tls overlay pytest-faults)
+    # Balanced by their wall times with both lanes busy (minutes): 10 + 7 + 7 + 4.5 + 2
+    # against 13 + 4 + 11.5 (the fault matrix). Each lane starts with a heavy converge.
+    first=(default bare-metal pytest-cluster tls image-pull)
+    second=(mpirun overlay pytest-faults)
   else
     first=(default image-pull tls mpirun bare-metal overlay pytest-cluster pytest-faults)
     second=()
