@@ -58,8 +58,8 @@ if ! $quick; then
     read -r -a first <<<"$SCENARIOS"
     second=()
   elif [ "$lanes" -ge 2 ]; then
-    # Balanced by their wall times with both lanes busy (minutes): 10 + 7 + 7 + 4.5 + 2
-    # against 13 + 4 + 11.5 (the fault matrix). Each lane starts with a heavy converge.
+    # Balanced by their wall times on a fresh clone (minutes): 13 + 8.5 + 7 + 3 + 1.5
+    # against 13 + 4.5 + 11 (the fault matrix). Each lane starts with a heavy converge.
     first=(default bare-metal pytest-cluster tls image-pull)
     second=(mpirun overlay pytest-faults)
   else

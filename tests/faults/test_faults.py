@@ -50,7 +50,7 @@ def assert_stopped_within(f, run_id, since, bound, reason_part, names=None):
 def test_a_crashed_rank_stops_the_rest_while_nothing_is_attached(faults_cluster, mode):
     """Detached: submit returns, rank 1 dies in a compute phase (no collective), and the
     guards stop rank 0 with no controller attached; attach from a new handle. (Attached,
-    container mode: tests/cluster; process mode, attached and detached: molecule bare-metal.)"""
+    container mode: molecule default; process mode, detached: molecule bare-metal.)"""
     f = faults_cluster
     from torchfleet import Job, JobFailed
 
