@@ -46,22 +46,29 @@ def assert_stopped_within(f, run_id, since, bound, reason_part, names=None):
     return summary
 
 
-@pytest.mark.parametrize("mode", ["container", "torchrun"])
-def test_a_crashed_rank_stops_the_rest_while_nothing_is_attached(faults_cluster, mode):
-    """Detached: submit returns, rank 1 dies in a compute phase (no collective), and the
-    guards stop rank 0 with no controller attached; attach from a new handle. (Attached,
-    container mode: molecule default; process mode, detached: molecule bare-metal.)"""
+@pytest.mark.parametrize("mode, attached", [("container", False), ("torchrun", False), ("torchrun", True)],
+                         ids=["container-detached", "torchrun-detached", "torchrun-attached"])
+def test_a_crashed_rank_stops_the_rest(faults_cluster, mode, attached):
+    """Rank 1 dies in a compute phase (no collective) and the guards stop rank 0. Detached,
+    submit returns and the stop happens with no controller; attach from a new handle then
+    reports it. Attached, the launch itself reports it. (Container mode attached: molecule
+    default; process mode, attached and detached: molecule bare-metal.)"""
     f = faults_cluster
     from torchfleet import Job, JobFailed
 
-    handle = f.cluster.submit(Job(workload=WORKLOAD, name="faults", args=["--crash-rank", "1", "--crash-after", "12"],
-                                  extra_vars={"launch_mode": mode, "launch_node_timeout": NODE_TIMEOUT}))
-    assert handle.cluster.run(handle.run_id).status().state == "running"
-    # The crash (12 s into the compute phase) and the stop happen while nobody watches.
-    f.wait_no_running_ranks("node-1", 90)
-    f.wait_no_running_ranks("node-2", 10)
-    with pytest.raises(JobFailed) as info:
-        f.cluster.run(handle.run_id).attach()
+    job = Job(workload=WORKLOAD, name="faults", args=["--crash-rank", "1", "--crash-after", "12"],
+              extra_vars={"launch_mode": mode, "launch_node_timeout": NODE_TIMEOUT})
+    if attached:
+        with pytest.raises(JobFailed) as info:
+            f.cluster.launch(job)
+    else:
+        handle = f.cluster.submit(job)
+        assert handle.cluster.run(handle.run_id).status().state == "running"
+        # The crash (12 s into the compute phase) and the stop happen while nobody watches.
+        f.wait_no_running_ranks("node-1", 90)
+        f.wait_no_running_ranks("node-2", 10)
+        with pytest.raises(JobFailed) as info:
+            f.cluster.run(handle.run_id).attach()
     run = info.value.run
     assert info.value.rank == 1 and "rank 1" in info.value.message
     assert {r.rank: r.outcome for r in run.ranks} == {0: "stopped", 1: "failed"}
