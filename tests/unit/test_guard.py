@@ -98,3 +98,14 @@ def test_a_guard_that_ends_removes_the_nodes_secret_environment(tmp_path):
     ended._finish_unlocked(143, "stopped", None, None)
     assert not secret.exists()
     assert '"state": "stopped"' in (tmp_path / "guard-0.json").read_text()
+
+
+def test_a_units_end_wakes_the_loop_only_once_the_unit_can_be_reaped(tmp_path):
+    """The pipe closes before the process is reaped. A wake in between found the unit still
+    running, and the loop slept a whole poll before it saw the exit. Here the gap is 0.3 s
+    and the poll 20 s."""
+    config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
+    unit = guard.Guard(config, 0, ["sh", "-c", "exec >&- 2>&-; sleep 0.3; exit 3"], str(tmp_path))
+    unit.start_child()
+    assert unit.wake.wait(20)
+    assert unit.child.poll() == 3

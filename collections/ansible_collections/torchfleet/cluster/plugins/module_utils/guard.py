@@ -177,6 +177,12 @@ class Guard:
             for out in outs:
                 out.write(line)
                 out.flush()
+        # The pipe closes a moment before the process can be reaped; a wake in between finds
+        # it still running and the loop sleeps a whole poll. Bounded: a unit may close its
+        # output and go on.
+        deadline = time.monotonic() + self.poll
+        while self.child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
         self.wake.set()
 
     def stop_child(self) -> int:
