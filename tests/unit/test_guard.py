@@ -2,6 +2,10 @@
 The guard with a real TCPStore runs in the fault matrix (tests/faults) on the docker hosts."""
 
 import signal
+import sys
+import threading
+import types
+from datetime import timedelta
 
 import pytest
 
@@ -109,3 +113,32 @@ def test_a_units_end_wakes_the_loop_only_once_the_unit_can_be_reaped(tmp_path):
     unit.start_child()
     assert unit.wake.wait(20)
     assert unit.child.poll() == 3
+
+
+@pytest.mark.parametrize("current, node_timeout, after", [(1, 10, 2), (8, 10, 10), (10, 10, 10), (1, 0.5, 1)])
+def test_a_store_slow_to_answer_is_given_longer_waits_up_to_the_node_timeout(current, node_timeout, after):
+    assert guard.next_connect_timeout(current, node_timeout) == after
+
+
+def test_the_watchdogs_allowance_runs_from_the_stores_first_answer(tmp_path, monkeypatch):
+    """A guard that reached the store only late in its start allowance was ended at once:
+    its last contact still read as the guard's start. A stand-in for torch's TCPStore: the
+    guard's bookkeeping is under test here, the real store in tests/faults."""
+    class Store:
+        def __init__(self, host, port, is_master, timeout: timedelta, **kwargs):
+            self.host = host
+
+        def set_timeout(self, timeout):
+            pass
+
+        def wait(self, keys, timeout):
+            threading.Event().wait()
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.SimpleNamespace(TCPStore=Store))
+    config = {"units": [SSHD, RANK], "store_unit": 0, "node_timeout": 10, "run_id": "r", "job": "j",
+              "store": {"host": "127.0.0.1", "port": 1, "node": "node-2"}}
+    late = guard.Guard(config, 1, ["true"], str(tmp_path))
+    late.last_ok -= 50  # 50 s of trying
+    assert late.connect(timeout=1.0)
+    assert late._store_limit() == 10 and guard.time.monotonic() - late.last_ok < 10

@@ -92,6 +92,13 @@ def lost_units(units: list[dict], seen: dict[int, float], finished: set[int], no
     return lost
 
 
+def next_connect_timeout(current: float, node_timeout: float) -> float:
+    """A store host slow to answer (many guards starting at once on a busy master) needs a
+    longer wait: a short one that every guard retries only adds to its load. Doubled per
+    failure, up to the node timeout."""
+    return min(2 * current, max(1.0, node_timeout))
+
+
 def abort_for_lost(units: list[dict], lost: list[int], node_timeout: float) -> dict:
     hosts = sorted({units[i]["host"] for i in lost})
     return {"kind": "node_lost", "host": hosts[0], "hosts": hosts, "unit": units[lost[0]]["name"],
@@ -138,6 +145,7 @@ class Guard:
         self.grace = float(config.get("stop_grace", 5))
         self.start_timeout = float(config.get("start_timeout", 120))
         self.store = None
+        self.connect_timeout = 1.0
         self.child: subprocess.Popen | None = None
         self.started = time.monotonic()
         self.last_progress = self.started
@@ -235,6 +243,8 @@ class Guard:
             self.store_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self.store = None
             return False
+        # The store answered; the watchdog's allowance runs from here, not from the start.
+        self.last_ok = time.monotonic()
         threading.Thread(target=self._await_abort, args=(TCPStore, host, port), daemon=True).start()
         return True
 
@@ -288,8 +298,9 @@ class Guard:
             code = self.child.poll()
             try:
                 if self.store is None:
-                    self.connect(timeout=1.0)
+                    self.connect(timeout=self.connect_timeout)
                     if self.store is None:
+                        self.connect_timeout = next_connect_timeout(self.connect_timeout, self.node_timeout)
                         raise ConnectionError(getattr(self, "store_error", "no store yet"))
                 self.store.add(f"hb/{self.index}", 1)
                 abort = abort or self.read_abort()
