@@ -126,7 +126,7 @@ def test_the_watchdogs_allowance_runs_from_the_stores_first_answer(tmp_path, mon
     guard's bookkeeping is under test here, the real store in tests/faults."""
     class Store:
         def __init__(self, host, port, is_master, timeout: timedelta, **kwargs):
-            self.host = host
+            pass
 
         def set_timeout(self, timeout):
             pass

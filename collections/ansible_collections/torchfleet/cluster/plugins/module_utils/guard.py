@@ -188,9 +188,10 @@ class Guard:
         # The pipe closes a moment before the process can be reaped; a wake in between finds
         # it still running and the loop sleeps a whole poll. Bounded: a unit may close its
         # output and go on.
-        deadline = time.monotonic() + self.poll
-        while self.child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.002)
+        try:
+            self.child.wait(self.poll)
+        except subprocess.TimeoutExpired:
+            pass
         self.wake.set()
 
     def stop_child(self) -> int:
