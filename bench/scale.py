@@ -120,7 +120,7 @@ def inventory(count: int, keys: Path, folder: Path) -> Path:
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
         "ansible_python_interpreter": PYTHON, "launch_mode": "process", "launch_python": PYTHON,
         "launch_dataset_dir": "/var/lib/torchfleet/datasets", "cpu_pinning": False, "launch_omp_num_threads": 1,
-        "launch_node_timeout": NODE_TIMEOUT, "launch_stop_grace": 2, "launch_poll_interval": 1}}}
+        "launch_stop_grace": 2, "launch_poll_interval": 1}}}
     path = folder / f"hosts-{count}.json"
     path.write_text(json.dumps(inv))
     return path
@@ -185,11 +185,14 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
     out: dict[str, float] = {}
     last = f"node-{count}"
 
+    def submit(crash_rank: int, node_timeout: float) -> torchfleet.Run:
+        return cluster.submit(Job(workload=workload, name=f"scale{count}", args=[str(crash_rank)],
+                                  extra_vars={"launch_node_timeout": node_timeout}))
+
     # Submit, then a crash of the last rank once every guard is supervised.
     sh("docker", "exec", node(count), "rm", "-f", "/tmp/crash-now")
     c0, t0 = cpu(), time.monotonic()
-    run = cluster.submit(Job(workload=workload, name=f"scale{count}", args=[str(count - 1)],
-                             extra_vars={"launch_node_timeout": QUIET_NODE_TIMEOUT}))
+    run = submit(count - 1, QUIET_NODE_TIMEOUT)
     out["submit_s"], out["cpu_per_node_s"] = time.monotonic() - t0, (cpu() - c0) / count
     print(f"  {count} nodes: submitted in {out['submit_s']:.1f}s", flush=True)
     wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store")
@@ -205,7 +208,7 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
         pass
 
     # A node lost: the last one paused whole (its ranks are processes inside it).
-    run = cluster.submit(Job(workload=workload, name=f"scale{count}", args=["-1"]))
+    run = submit(-1, NODE_TIMEOUT)
     wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store")
     lost_at = time.time()
     # The freezer can fail while the node is busy ("unable to freeze"); it is tried again.
@@ -227,8 +230,7 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
         pass
 
     # Stop.
-    run = cluster.submit(Job(workload=workload, name=f"scale{count}", args=["-1"],
-                             extra_vars={"launch_node_timeout": QUIET_NODE_TIMEOUT}))
+    run = submit(-1, QUIET_NODE_TIMEOUT)
     wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store")
     stop_at = time.time()
     try:
