@@ -407,7 +407,7 @@ class _NodeContext:
         return [m.docker() for m in mounts]
 
     def devices(self) -> list[str]:
-        return [str(d) for d in list(self.settings.get("sgx_devices") or []) + list(self.settings.get("extra_devices") or [])]
+        return devices(self.settings)
 
     def rank(self, row: Mapping[str, Any], i: int, runner: str, unit: str, argv: list[str], env: dict[str, str],
              runner_env: tuple[str, ...] = (), user: str | None = None, mems: str | None = None) -> None:
@@ -564,6 +564,21 @@ _MPI_RANK = (
 _BUILDERS: dict[str, Callable[[_NodeContext], None]] = {
     "container": _build_ranks, "process": _build_ranks, "torchrun": _build_torchrun, "mpirun": _build_mpirun,
 }
+
+
+def devices(settings: Mapping[str, Any]) -> list[str]:
+    """The devices every rank of a node gets, as ``host[:container[:perms]]``."""
+    return [str(d) for d in list(settings.get("sgx_devices") or []) + list(settings.get("extra_devices") or [])]
+
+
+def node_paths(settings: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The paths a node must have for its ranks, each with the variable that asks for it."""
+    needed = [{"path": str(d).split(":")[0], "variable": variable}
+              for key, variable in (("sgx_devices", "launch_sgx_devices"), ("extra_devices", "launch_extra_devices"))
+              for d in settings.get(key) or []]
+    if settings.get("sgx_aesm_socket"):
+        needed.append({"path": str(settings["sgx_aesm_socket_path"]), "variable": "launch_sgx_aesm_socket_path"})
+    return needed
 
 
 def split_site_env(settings: Mapping[str, Any], secret: Mapping[str, Any] | None, host: str) -> dict[str, dict[str, str]]:

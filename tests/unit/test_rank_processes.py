@@ -13,8 +13,9 @@ import time
 import pytest
 
 from ansible_collections.torchfleet.cluster.plugins.modules import rank_processes as rp
+from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_files as rf
 
-pytestmark = pytest.mark.skipif(rp._systemd(), reason="this machine runs systemd: ranks become units")
+pytestmark = pytest.mark.skipif(rf.systemd(), reason="this machine runs systemd: ranks become units")
 
 
 def _start(run_dir, rank, code, job="unit", **extra):
@@ -83,9 +84,9 @@ def test_stop_kills_the_whole_group_and_marks_it_stopped_by_torchfleet(tmp_path)
     (entry,) = _until(tmp_path, lambda f: not f[0]["running"])
     assert entry["stopped_by_torchfleet"] and (tmp_path / "rank-0.stopped").exists()
     deadline = time.monotonic() + 5
-    while rp._alive(grandchild) and time.monotonic() < deadline:
+    while rf.alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not rp._alive(grandchild)
+    assert not rf.alive(grandchild)
 
 
 def test_find_with_recurse_and_job_selects_only_that_jobs_ranks(tmp_path):

@@ -1,5 +1,6 @@
 """Fail on bad input, naming the host and the variable as data."""
 
+from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
@@ -17,24 +18,33 @@ options:
   that:
     description: The condition, already evaluated (C("{{ ... }}")); false fails.
     type: bool
-    required: true
   msg:
     description: One sentence saying what is wrong and what would be right.
     type: str
-    required: true
   variable:
     description: The variable the user has to change.
     type: str
-    required: true
   kind:
-    description: C(input), or C(running) for a launch refused because its job still runs.
+    description:
+      - C(input), C(node) for a node whose state does not fit the launch, or C(running) for
+        a launch refused because its job still runs.
     type: str
     default: input
+  checks:
+    description:
+      - Instead of one check, several (each with I(that), I(msg), I(variable) and I(kind)),
+        in one task: each task costs a process per node. The first that fails gives the
+        error's variable and kind; the message names every one that failed.
+    type: list
+    elements: dict
 """
 
-ARGS = {"that": {"type": "bool", "required": True}, "msg": {"type": "str", "required": True},
-        "variable": {"type": "str", "required": True},
-        "kind": {"type": "str", "choices": ["input", "running"], "default": "input"}}
+_KINDS = ["input", "node", "running"]
+_CHECK = {"that": {"type": "bool", "required": True}, "msg": {"type": "str", "required": True},
+          "variable": {"type": "str", "required": True}, "kind": {"type": "str", "choices": _KINDS, "default": "input"}}
+ARGS = {"that": {"type": "bool"}, "msg": {"type": "str"}, "variable": {"type": "str"},
+        "kind": {"type": "str", "choices": _KINDS, "default": "input"},
+        "checks": {"type": "list", "elements": "dict", "options": _CHECK}}
 
 
 class ActionModule(ActionBase):
@@ -44,8 +54,13 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = core.validate_args(self, ARGS)
-        if boolean(args["that"]):
+        checks = args["checks"] if args["checks"] is not None else [args]
+        if any(c.get(k) is None for c in checks for k in ("that", "msg", "variable")):
+            raise AnsibleActionFail("check_input: give that, msg and variable, or checks")
+        failed = [c for c in checks if not boolean(c["that"])]
+        if not failed:
             result.update(changed=False)
             return result
         host = task_vars["inventory_hostname"]
-        return core.fail_input(result, InventoryError(args["msg"], host, args["variable"]), args["kind"])
+        msg = "; ".join(c["msg"] for c in failed)
+        return core.fail_input(result, InventoryError(msg, host, failed[0]["variable"]), failed[0]["kind"])

@@ -73,6 +73,31 @@ def spec_units(launch_spec, host, phase=None, kind=None):
             and (kind is None or u["kind"] == kind)]
 
 
+def node_paths(settings):
+    """The paths a node must have for its ranks, each with the variable that asks for it."""
+    return spec.node_paths(settings)
+
+
+def missing_path_check(needed):
+    """A failed check_input entry for a path a node lacks (``needed``: one of node_paths)."""
+    return {"that": False, "kind": "node", "variable": needed["variable"],
+            "msg": f"{needed['path']} does not exist on the node ({needed['variable']})"}
+
+
+def taken_port_check(port, table, guard_port, skip=False):
+    """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
+    variable = "launch_master_port" if int(port) == int(table["master_port"]) else "launch_guard_port"
+    return {"that": bool(skip), "kind": "node", "variable": variable,
+            "msg": f"{variable} {port} is already in use on {table['master_addr']}; choose another {variable}"}
+
+
+def plan_lines(nodes, hosts, table):
+    """One line per node of the plan: its ranks, interface and cpusets (``nodes``: each host's launch__node)."""
+    return [f"{host} runs ranks {','.join(str(r['rank']) for r in table['ranks'] if r['host'] == host)} on "
+            f"{node['interface']}, cpusets {' '.join(p['cpuset'] for p in node['pinning']) or 'unpinned'}"
+            for host, node in zip(hosts, nodes)]
+
+
 def process_entries(units, job):
     """The rank_processes entries of process units; secret values are added by the module."""
     return [{"rank": (u["ranks"] or [0])[0], "name": u["name"], "role": u["role"], "job": job, "argv": u["command"],
@@ -113,6 +138,10 @@ class FilterModule:
             "out_of_range": out_of_range,
             "spec_units": spec_units,
             "process_entries": process_entries,
+            "node_paths": node_paths,
+            "plan_lines": plan_lines,
+            "missing_path_check": missing_path_check,
+            "taken_port_check": taken_port_check,
             "overlay_state": _wrap(overlay_state),
             "overlay_interface_address": _wrap(overlay_interface_address),
             "overlay_unreachable": _wrap(overlay_unreachable),

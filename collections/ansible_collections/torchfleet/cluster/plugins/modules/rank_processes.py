@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import signal
 import subprocess
 import time
-from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
 
 DOCUMENTATION = r"""
 module: rank_processes
@@ -76,29 +76,6 @@ containers:
 """
 
 
-def _iso(ts):
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _systemd():
-    return os.path.isdir("/run/systemd/system")
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie has exited; only its parent has not reaped it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
-
-
 def _tail(path, lines):
     try:
         with open(path, errors="replace") as fh:
@@ -137,7 +114,7 @@ def start(module, run_dir, entry, secret_env=None):
     with open(base + ".meta", "w") as fh:
         fh.write(f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
     shell = ["sh", "-c", WRAPPER, base + ".log"] + argv
-    if _systemd():
+    if systemd():
         # A transient unit: systemd supervises it, and stopping it kills its whole cgroup.
         unit = f"torchfleet-{os.path.basename(run_dir)}-{entry['name']}"
         cmd = ["systemd-run", "--unit", unit, "--collect", "--quiet", "--working-directory", cwd]
@@ -151,45 +128,6 @@ def start(module, run_dir, entry, secret_env=None):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with open(base + ".pid", "w") as fh:
         fh.write(f"{proc.pid}\n")
-
-
-def _running(module, entry):
-    if "unit" in entry:
-        rc, _, _ = module.run_command(["systemctl", "is-active", "--quiet", entry["unit"]])
-        return rc == 0
-    return _alive(entry["pid"])
-
-
-def find(module, run_dir, recurse=False, job=None):
-    pattern = os.path.join(run_dir, "**", "*.meta") if recurse else os.path.join(run_dir, "*.meta")
-    found = []
-    for meta in sorted(glob.glob(pattern, recursive=recurse)):
-        base = meta[: -len(".meta")]
-        with open(meta) as fh:
-            rank, role, meta_job = (fh.read().split() + ["-"])[:3]
-        if job and meta_job != job:
-            continue
-        entry = {"name": os.path.basename(base), "base": base, "rank": int(rank), "role": role,
-                 "run": os.path.basename(os.path.dirname(base)),
-                 "log": base + ".log", "stopped_by_torchfleet": os.path.exists(base + ".stopped")}
-        for key, suffix, cast in (("unit", ".unit", str), ("pid", ".pid", int)):
-            if os.path.exists(base + suffix):
-                with open(base + suffix) as fh:
-                    entry[key] = cast(fh.read().strip())
-        exit_file = base + ".exit"
-        if os.path.exists(exit_file):
-            with open(exit_file) as fh:
-                entry.update(running=False, exit_code=int(fh.read().strip()), vanished=False)
-        else:
-            running = _running(module, entry)
-            # Gone without an exit code: its supervising shell was killed.
-            entry.update(running=running, exit_code=None, vanished=not running)
-        entry["status"] = "running" if entry["running"] else ("vanished" if entry["vanished"] else "exited")
-        entry["started_at"] = _iso(os.path.getmtime(meta))
-        entry["finished_at"] = None if entry["running"] else _iso(
-            os.path.getmtime(exit_file) if os.path.exists(exit_file) else time.time())
-        found.append(entry)
-    return sorted(found, key=lambda e: (e["rank"], e["name"]))
 
 
 def stop(module, entry, signum=signal.SIGKILL):

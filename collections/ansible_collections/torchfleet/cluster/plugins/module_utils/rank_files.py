@@ -1,0 +1,74 @@
+"""Node-side: the bare-process ranks' files under a run folder (rank_processes writes them).
+
+Shared by rank_processes, which starts and stops the ranks, and node_probe, which only
+looks for the ones that still run.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from datetime import datetime, timezone
+
+
+def iso(ts):
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def systemd():
+    return os.path.isdir("/run/systemd/system")
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; only its parent has not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def is_running(module, entry):
+    if "unit" in entry:
+        rc, _, _ = module.run_command(["systemctl", "is-active", "--quiet", entry["unit"]])
+        return rc == 0
+    return alive(entry["pid"])
+
+
+def find(module, run_dir, recurse=False, job=None):
+    pattern = os.path.join(run_dir, "**", "*.meta") if recurse else os.path.join(run_dir, "*.meta")
+    found = []
+    for meta in sorted(glob.glob(pattern, recursive=recurse)):
+        base = meta[: -len(".meta")]
+        with open(meta) as fh:
+            rank, role, meta_job = (fh.read().split() + ["-"])[:3]
+        if job and meta_job != job:
+            continue
+        entry = {"name": os.path.basename(base), "base": base, "rank": int(rank), "role": role,
+                 "run": os.path.basename(os.path.dirname(base)),
+                 "log": base + ".log", "stopped_by_torchfleet": os.path.exists(base + ".stopped")}
+        for key, suffix, cast in (("unit", ".unit", str), ("pid", ".pid", int)):
+            if os.path.exists(base + suffix):
+                with open(base + suffix) as fh:
+                    entry[key] = cast(fh.read().strip())
+        exit_file = base + ".exit"
+        if os.path.exists(exit_file):
+            with open(exit_file) as fh:
+                entry.update(running=False, exit_code=int(fh.read().strip()), vanished=False)
+        else:
+            running = is_running(module, entry)
+            # Gone without an exit code: its supervising shell was killed.
+            entry.update(running=running, exit_code=None, vanished=not running)
+        entry["status"] = "running" if entry["running"] else ("vanished" if entry["vanished"] else "exited")
+        entry["started_at"] = iso(os.path.getmtime(meta))
+        entry["finished_at"] = None if entry["running"] else iso(
+            os.path.getmtime(exit_file) if os.path.exists(exit_file) else time.time())
+        found.append(entry)
+    return sorted(found, key=lambda e: (e["rank"], e["name"]))

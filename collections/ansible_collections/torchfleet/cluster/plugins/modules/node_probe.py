@@ -1,0 +1,149 @@
+#!/usr/bin/python
+"""Read, in one call, what a launch needs to know of a node; changes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find
+
+DOCUMENTATION = r"""
+module: node_probe
+short_description: One read-only look at a node for a launch
+description:
+  - Every launch task costs the controller a process per node, so the launch reads what it
+    needs of a node in as few calls as it can. This one returns the node's usable CPUs and
+    addresses, and on request its route to an address, the paths it lacks, the ports that
+    listen, and the runs of a job whose bare-process ranks still run.
+options:
+  facts:
+    description:
+      - Also set C(ansible_all_ipv4_addresses) and C(ansible_default_ipv4) as the setup
+        module would, from the same C(ip) output (the address on the route to 8.8.8.8).
+    type: bool
+    default: false
+  route_to:
+    description: An address whose route (C(ip -j route get)) comes back as I(route).
+    type: str
+  python:
+    description: An interpreter; I(python_ok) says whether it exists and runs.
+    type: path
+  paths:
+    description: Paths (devices, sockets) that must exist; the missing ones come back as I(missing).
+    type: list
+    elements: path
+    default: []
+  ports:
+    description: TCP ports; those that listen on any of the node's addresses come back as I(listening).
+    type: list
+    elements: int
+    default: []
+  run_root:
+    description: With I(job), the folder of the node's runs, searched for that job's ranks that still run.
+    type: path
+  job:
+    description: The job whose running runs come back as I(running_runs).
+    type: str
+  checksum:
+    description: A file whose SHA-256 comes back as I(sha256) (null when there is none), so an unchanged one is not sent again.
+    type: path
+"""
+
+RETURN = r"""
+nproc: {description: The CPUs this node lets the probe use (as nproc counts them)., returned: always, type: int}
+ip_addr: {description: C(ip -j addr show)'s output., returned: always, type: str}
+route: {description: C(ip -j route get ROUTE_TO)'s output., returned: with route_to, type: str}
+python_ok: {description: Whether I(python) is an executable file., returned: with python, type: bool}
+missing: {description: The I(paths) that do not exist., returned: always, type: list}
+listening: {description: The I(ports) that a socket listens on., returned: always, type: list}
+running_runs: {description: The runs of I(job) with a rank that still runs., returned: always, type: list}
+sha256: {description: I(checksum)'s SHA-256, or null., returned: with checksum, type: str}
+"""
+
+_LISTEN = "0A"
+
+
+def listening_ports(tables):
+    """The TCP ports in LISTEN state, from the text of /proc/net/tcp and tcp6."""
+    ports = set()
+    for text in tables:
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == _LISTEN:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def default_ipv4(route_json):
+    """``ansible_default_ipv4``'s address and interface, from ``ip -j route get``'s output."""
+    routes = json.loads(route_json or "[]")
+    if not routes:
+        return {}
+    return {"address": routes[0].get("prefsrc"), "interface": routes[0].get("dev")}
+
+
+def ipv4_addresses(addr_json):
+    """``ansible_all_ipv4_addresses``: every IPv4 address but the loopback's, as setup lists them."""
+    return [a["local"] for link in json.loads(addr_json or "[]") for a in link.get("addr_info", [])
+            if a.get("family") == "inet" and not a["local"].startswith("127.")]
+
+
+def sha256(path):
+    """The file's SHA-256, or None when there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read(path):
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "facts": {"type": "bool", "default": False},
+            "route_to": {"type": "str"},
+            "python": {"type": "path"},
+            "paths": {"type": "list", "elements": "path", "default": []},
+            "ports": {"type": "list", "elements": "int", "default": []},
+            "run_root": {"type": "path"},
+            "job": {"type": "str"},
+            "checksum": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    _, addr, _ = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
+    result = {"changed": False, "nproc": len(os.sched_getaffinity(0)), "ip_addr": addr,
+              "missing": [path for path in p["paths"] if not os.path.exists(path)],
+              "listening": sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))}
+    if p["facts"]:
+        rc, out, _ = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
+        result["ansible_facts"] = {"ansible_all_ipv4_addresses": ipv4_addresses(addr),
+                                   "ansible_default_ipv4": default_ipv4(out) if rc == 0 else {}}
+    if p["route_to"]:
+        _, result["route"], _ = module.run_command(["ip", "-j", "route", "get", p["route_to"]], check_rc=True)
+    if p["python"]:
+        result["python_ok"] = os.path.isfile(p["python"]) and os.access(p["python"], os.X_OK)
+    if p["checksum"]:
+        result["sha256"] = sha256(p["checksum"])
+    result["running_runs"] = sorted({e["run"] for e in find(module, p["run_root"], True, p["job"]) if e["running"]}) \
+        if p["run_root"] and p["job"] and os.path.isdir(p["run_root"]) else []
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""node_probe's readings, from captured kernel and ip output, and the checks built from them."""
+
+import json
+from pathlib import Path
+
+from ansible_collections.torchfleet.cluster.plugins.filter import torchfleet as filters
+from ansible_collections.torchfleet.cluster.plugins.modules import node_probe
+from torchfleet import spec
+
+ADDR = (Path(__file__).parents[1] / "fixtures" / "ip-addr-dind-master.json").read_text()
+
+# /proc/net/tcp as the kernel writes it: 29500 listens on all addresses, 29510 only
+# connected (ESTABLISHED, 01), 22 listens on 172.29.0.2.
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 02001DAC:7346 03001DAC:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1
+   2: 02001DAC:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1 0 100 0 0 10 0
+"""
+TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1 0 100 0 0 10 0
+"""
+
+
+def test_listening_ports_are_those_in_listen_state_only():
+    assert node_probe.listening_ports([TCP, TCP6]) == {29500, 22, 8080}
+    assert 29510 not in node_probe.listening_ports([TCP])
+
+
+def test_ipv4_addresses_leave_out_the_loopback_as_setup_does():
+    found = node_probe.ipv4_addresses(ADDR)
+    assert "127.0.0.1" not in found and "172.17.0.1" in found
+    expected = [a["local"] for link in json.loads(ADDR) for a in link["addr_info"] if a["family"] == "inet"]
+    assert sorted(found) == sorted(a for a in expected if a != "127.0.0.1")
+
+
+def test_default_ipv4_is_the_source_and_device_of_the_route_out():
+    route = json.dumps([{"dst": "8.8.8.8", "gateway": "172.29.0.1", "dev": "eth0", "prefsrc": "172.29.0.2"}])
+    assert node_probe.default_ipv4(route) == {"address": "172.29.0.2", "interface": "eth0"}
+    assert node_probe.default_ipv4("[]") == {}
+
+
+def test_sha256_of_a_file_and_of_none(tmp_path):
+    (tmp_path / "w.tar").write_bytes(b"abc")
+    assert node_probe.sha256(str(tmp_path / "w.tar")) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert node_probe.sha256(str(tmp_path / "absent.tar")) is None
+
+
+def test_node_paths_name_the_variable_that_asks_for_each():
+    settings = {"sgx_devices": ["/dev/sgx/enclave", "/dev/sgx/provision:/dev/p"], "extra_devices": ["/dev/fuse"],
+                "sgx_aesm_socket": True, "sgx_aesm_socket_path": "/var/run/aesmd"}
+    assert spec.node_paths(settings) == [
+        {"path": "/dev/sgx/enclave", "variable": "launch_sgx_devices"},
+        {"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"},
+        {"path": "/dev/fuse", "variable": "launch_extra_devices"},
+        {"path": "/var/run/aesmd", "variable": "launch_sgx_aesm_socket_path"},
+    ]
+    assert spec.node_paths({"sgx_aesm_socket": False, "sgx_aesm_socket_path": "/x"}) == []
+
+
+def test_a_missing_path_fails_naming_it_and_its_variable():
+    check = filters.missing_path_check({"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"})
+    assert check["that"] is False and check["kind"] == "node" and check["variable"] == "launch_sgx_devices"
+    assert check["msg"].startswith("/dev/sgx/provision does not exist on the node")
+
+
+def test_a_taken_port_names_its_variable_unless_skipped():
+    table = {"master_port": 29500, "master_addr": "10.0.0.1"}
+    master = filters.taken_port_check(29500, table, 29510)
+    guard = filters.taken_port_check(29510, table, 29510)
+    assert (master["variable"], guard["variable"]) == ("launch_master_port", "launch_guard_port")
+    assert "launch_guard_port 29510 is already in use on 10.0.0.1" in guard["msg"] and guard["that"] is False
+    assert filters.taken_port_check(29500, table, 29510, skip=True)["that"] is True
+
+
+def test_plan_lines_show_each_nodes_ranks_interface_and_cpusets():
+    table = {"ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}, {"rank": 2, "host": "b"}]}
+    nodes = [{"interface": "eth0", "pinning": []}, {"interface": "eth1", "pinning": [{"cpuset": "0-1"}, {"cpuset": "2-3"}]}]
+    assert filters.plan_lines(nodes, ["a", "b"], table) == [
+        "a runs ranks 0 on eth0, cpusets unpinned", "b runs ranks 1,2 on eth1, cpusets 0-1 2-3"]
