@@ -178,7 +178,7 @@ def main():
             changed = info["state"] == "running" and not os.path.exists(stop_file)
             if changed and not module.check_mode:
                 request_stop(run_dir, p["reason"])
-            module.exit_json(changed=changed, found=True, run=read_run(run_dir))
+            module.exit_json(changed=changed, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"]))
         module.exit_json(changed=False, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"]))
 
     runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
