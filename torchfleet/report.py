@@ -300,11 +300,24 @@ def format_table(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _how_it_ended(code: Any) -> str:
+    how = f"exited with code {code}" if code is not None else "never reported an exit code"
+    if isinstance(code, int) and code > 128:
+        try:
+            how += f" (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return how
+
+
 def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> str:
     c = summary["failed_rank"]
     abort = summary.get("abort") or {}
     if abort and abort.get("kind") != "rank_failed":
         message = f"run {summary['run_id']} was stopped by its guards: {abort['reason']}"
+        # A unit killed with its guard (docker kill of its container) shows only as silence.
+        if c is not None and c["exit_code"] is not None:
+            message += f"; rank {c['rank']} on {c['host']} {_how_it_ended(c['exit_code'])}"
         stopped = [r for r in summary["ranks"] if r["outcome"] == "stopped"]
         kept = [r["host"] for r in summary["ranks"] if r.get("log")]
         message += f"; {len(stopped)} rank(s) stopped, logs kept from {', '.join(sorted(set(kept))) or 'no node'}"
@@ -315,13 +328,7 @@ def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> st
         if master and master.get("log_tail"):
             message += f"\n--- last lines of rank 0 on {master['host']} ---\n{master['log_tail']}"
         return message
-    code = c["exit_code"]
-    how = f"exited with code {code}" if code is not None else "never reported an exit code"
-    if isinstance(code, int) and code > 128:
-        try:
-            how += f" (killed by {signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
+    how = _how_it_ended(c["exit_code"])
     return (
         f"rank {c['rank']} on {c['host']} {how}; the other ranks were stopped and no rank "
         f"container is left. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}"

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 from torchfleet import redact
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import RANK_ENV_NAMES
+from torchfleet.report import PEER_ERROR_RE
 
 MODES = ("container", "process", "torchrun", "mpirun")
 # Inside a container the run's folders sit at fixed paths.
@@ -290,6 +291,7 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         "node_timeout": settings["node_timeout"], "stall_timeout": settings["stall_timeout"],
         "job_timeout": settings["timeout"], "poll_interval": settings["poll_interval"],
         "stop_grace": settings["stop_grace"], "start_timeout": settings["start_timeout"],
+        "peer_error": PEER_ERROR_RE.pattern,
         "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
                    "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u)} for u in units],
     }

@@ -56,10 +56,10 @@ class Faults:
         except ValueError:
             raise AssertionError(f"no JSON from {args}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
-    def launch(self, run_id, *more, seconds=300):
+    def launch(self, run_id, *more, seconds=300, workload_args=()):
         """An attached launch of the fault workload, in the background."""
         command = self.args("launch", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", run_id, "--json",
-                            *more, "--", "--seconds", str(seconds))
+                            *more, "--", "--seconds", str(seconds), *workload_args)
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
 
     def node(self, node, command, check=True):

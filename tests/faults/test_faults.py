@@ -123,6 +123,28 @@ def test_a_node_cut_from_the_network_is_lost(faults_cluster):
     assert "lost the supervision store on node-1" in states
 
 
+def test_a_killed_rank_container_is_named_not_the_rank_that_lost_it(faults_cluster):
+    """docker kill of rank 1's container takes its guard with it. Rank 0, in an all_reduce,
+    fails on Gloo's lost connection; its guard waits for the peers' guards, the host finds
+    rank 1's silent, and the run is reported lost on node-2 with rank 1's SIGKILL, not as
+    rank 0's failure."""
+    f = faults_cluster
+    launch = f.launch("killed", workload_args=["--allreduce"])
+    f.wait_running("killed", launch=launch)
+    since = time.time()
+    (container,) = f.ranks("node-2", running_only=True)
+    f.node("node-2", f"docker kill {container}")
+    code, out = finish(launch)
+    assert code == 5 and out["error"]["host"] == "node-2", out
+    assert "rank 1 on node-2 stopped answering" in out["error"]["message"], out
+    assert "rank 1 on node-2 exited with code 137" in out["error"]["message"], out
+    summary = assert_stopped_within(f, "killed", since, NODE_TIMEOUT + MARGIN, "lost node-2")
+    assert {r["rank"]: (r["outcome"], r["exit_code"]) for r in summary["ranks"]}[1] == ("failed", 137)
+    rank0 = open(summary["ranks"][0]["log"]).read()
+    assert "step at" in rank0 and "lost a peer; waiting for the peers' guards" in rank0
+    assert_nothing_left(f)
+
+
 def test_ctrl_c_on_launch_stops_everything_and_keeps_the_logs(faults_cluster):
     f = faults_cluster
     launch = f.launch("interrupted")

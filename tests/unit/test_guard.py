@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import guard
+from torchfleet.report import PEER_ERROR_RE
 
 RANK = {"name": "tf-r-rank1", "host": "node-2", "role": "rank", "ranks": [1]}
 AGENT = {"name": "tf-r-torchrun", "host": "node-3", "role": "torchrun", "ranks": [4, 5, 6, 7]}
@@ -142,3 +143,49 @@ def test_the_watchdogs_allowance_runs_from_the_stores_first_answer(tmp_path, mon
     late.last_ok -= 50  # 50 s of trying
     assert late.connect(timeout=1.0)
     assert late._store_limit() == 10 and guard.time.monotonic() - late.last_ok < 10
+
+
+@pytest.mark.parametrize("waited, moved, others, over", [
+    (0.5, {}, [1], False),              # the peer's guard has not beaten since: it may be gone
+    (0.5, {1: 1}, [1], False),
+    (1.0, {1: 2}, [1], True),           # alive and beating: the failure is this unit's to report
+    (1.0, {1: 2, 2: 0}, [1, 2], False),
+    (11.1, {}, [1], True),              # past the node timeout: the host's check has had its turn
+    (0.0, {}, [], True),                # no other unit runs
+])
+def test_a_failure_that_blames_a_peer_waits_until_the_peers_guards_beat_or_the_node_timeout(waited, moved, others, over):
+    assert guard.peer_wait_over(waited, moved, others, node_timeout=10, poll=0.5) is over
+
+
+class CountingStore:
+    """A stand-in for the store's counters and keys: what _peer_wait_over reads of it."""
+
+    def __init__(self):
+        self.keys = {}
+
+    def add(self, key, amount):
+        self.keys[key] = self.keys.get(key, 0) + amount
+        return self.keys[key]
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+
+def test_a_rank_that_lost_a_peer_aborts_only_once_the_peers_guards_are_seen_alive(tmp_path):
+    """Gloo's connection reset on rank 0 follows whatever ended rank 1: rank 0 reports the run
+    only once rank 1's guard beats (else rank 1's guard, or the host's check, names the cause);
+    a failure with no such line reports at once."""
+    config = {"units": [dict(RANK, name="tf-r-rank0", host="node-1", ranks=[0]), RANK], "store_unit": 0,
+              "node_timeout": 10, "run_id": "r", "job": "j", "poll_interval": 0.5, "peer_error": PEER_ERROR_RE.pattern}
+    unit = guard.Guard(config, 0, ["true"], str(tmp_path))
+    unit.store = CountingStore()
+    unit.recent.append("RuntimeError: [pair.cc:598] Connection reset by peer [172.29.0.3]:41514\n")
+    assert not unit._peer_wait_over()
+    unit.store.add("hb/1", 1)
+    assert not unit._peer_wait_over()
+    unit.store.add("hb/1", 1)
+    assert unit._peer_wait_over()
+    plain = guard.Guard(config, 0, ["true"], str(tmp_path))
+    plain.store = CountingStore()
+    plain.recent.append("ValueError: bad batch\n")
+    assert plain._peer_wait_over()

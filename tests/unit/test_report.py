@@ -60,6 +60,21 @@ def test_the_killed_rank_is_blamed_not_the_peers_that_lost_it(tmp_path):
     assert msg.startswith("rank 1 on node-2 exited with code 137 (killed by SIGKILL); the other ranks were stopped")
 
 
+def test_a_unit_killed_with_its_guard_is_named_beside_the_guards_reason(tmp_path):
+    """docker kill of a rank's container: the guards see only its silence (a lost node),
+    the report adds how the rank ended."""
+    (tmp_path / "rank-0.log").write_text(PEER_LOG.format(r=0))
+    (tmp_path / "rank-1.log").write_text(OK_LOG.format(r=1))
+    finals = [final(0, 1, "2026-11-22T03:47:04.80Z", stopped=True), final(1, 137, "2026-11-22T03:47:04.90Z")]
+    abort = {"kind": "node_lost", "host": "node-2", "reason": "lost node-2: no heartbeat for 4s "
+             "(launch_node_timeout); rank 1 on node-2 stopped answering"}
+    s = summarize("run3", table(2), finals, tmp_path, abort=abort)
+    assert failure_message(s) == (
+        "run run3 was stopped by its guards: lost node-2: no heartbeat for 4s (launch_node_timeout); rank 1 on "
+        "node-2 stopped answering; rank 1 on node-2 exited with code 137 (killed by SIGKILL); 1 rank(s) stopped, "
+        "logs kept from node-1, node-2")
+
+
 def test_stopped_ranks_are_not_blamed():
     rows = [
         {"rank": 0, "outcome": "stopped", "peer_error": False, "finished_at": "2026-11-22T00:00:01Z"},

@@ -301,6 +301,9 @@ def test_container_units_one_per_rank_master_first():
         assert u.env["TORCHFLEET_HEARTBEAT"] == f"/out/heartbeat-{u.name}"
     assert built.guard["store"] == {"host": MASTER_ADDR, "port": 29510, "node": "node-1"}
     assert built.guard["store_unit"] == 0
+    # The guards tell a rank that lost a peer the way the report does (a Gloo reset, say).
+    import re
+    assert re.search(built.guard["peer_error"], "[pair.cc:598] Read error: Connection reset by peer", re.I)
     assert {h: json.loads(f["guard.json"]) for h, f in built.files.items()} == {
         h: built.guard for h in ("node-1", "node-2", "node-3")}
 

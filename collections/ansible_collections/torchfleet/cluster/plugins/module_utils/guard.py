@@ -20,8 +20,10 @@ single file copied into each run's folder. The decisions are the pure functions 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,6 +94,17 @@ def lost_units(units: list[dict], seen: dict[int, float], finished: set[int], no
     return lost
 
 
+def peer_wait_over(waited_s: float, moved: dict[int, int], others: list[int], node_timeout: float,
+                   poll: float) -> bool:
+    """A unit that failed on a lost connection to a peer (Gloo's "connection reset") may not
+    be the cause: the peer's guard, or the host's check for silent units, names the cause
+    once it is known. The wait ends when every other running unit's guard has beaten twice
+    since (none was killed outright, its guard with it), or after the node timeout."""
+    if waited_s > node_timeout + 2 * poll:
+        return True
+    return all(moved.get(i, 0) >= 2 for i in others)
+
+
 def next_connect_timeout(current: float, node_timeout: float) -> float:
     """A store host slow to answer (many guards starting at once on a busy master) needs a
     longer wait: a short one that every guard retries only adds to its load. Doubled per
@@ -153,6 +166,10 @@ class Guard:
         self.heartbeat_mtime = 0.0
         self.has_progressed = False
         self.signalled: int | None = None
+        # The unit's last lines, and how the wait after a failure that blames a peer stands.
+        self.recent: collections.deque[str] = collections.deque(maxlen=20)
+        self.peer_error = re.compile(config["peer_error"], re.IGNORECASE) if config.get("peer_error") else None
+        self.peer_wait: dict | None = None
         # A store op on a frozen or cut-off host blocks (the client sets no receive timeout);
         # the watchdog thread ends such a guard's unit on its own (store ops release the GIL).
         self.last_ok = time.monotonic()
@@ -182,6 +199,7 @@ class Guard:
             outs.append(open(self.unit["log"], "ab"))
         for line in iter(self.child.stdout.readline, b""):
             self.last_progress, self.has_progressed = time.monotonic(), True
+            self.recent.append(line.decode(errors="replace"))
             for out in outs:
                 out.write(line)
                 out.flush()
@@ -309,7 +327,7 @@ class Guard:
                     abort = abort or self._host_checks(seen, counters, exits)
                 if abort is None and self._stop_requested():
                     abort = self.set_abort(self._stop_requested())
-                if abort is None and code is not None and code != 0:
+                if abort is None and code is not None and code != 0 and self._peer_wait_over():
                     abort = self.set_abort(dict(abort_for_exit(self.unit, exit_code(code)), index=self.index))
                 if abort is None and self.signalled:
                     abort = self.set_abort({"kind": "stopped", "host": self.unit["host"], "unit": self.unit["name"],
@@ -337,7 +355,7 @@ class Guard:
                 abort = abort or local
             if abort is not None:
                 return self.abort(abort, exits)
-            if code is not None:
+            if code == 0:
                 # Exited cleanly: say so, and (the host) keep the store up for the others. The
                 # record says it at once, so a launch phase waiting on this unit can go on.
                 if "child_exit_code" not in self.state:
@@ -350,6 +368,25 @@ class Guard:
                 if job_state(self.units, exits, None, []) == "succeeded":
                     return self.finish_host(exits, None)
             self.wake.wait(self.poll)
+
+    def _peer_wait_over(self) -> bool:
+        """Whether a failed unit may abort the run now (see peer_wait_over)."""
+        if self.peer_error is None or not any(self.peer_error.search(line) for line in self.recent):
+            return True
+        now = time.monotonic()
+        if self.peer_wait is None:
+            self.peer_wait = {"since": now, "counters": {}, "moved": {}}
+            self._say(f"[torchfleet guard] {who(self.unit)} lost a peer; waiting for the peers' guards to name the cause")
+        wait, others = self.peer_wait, []
+        for i in range(len(self.units)):
+            if i == self.index or self.store.check([f"exit/{i}"]):
+                continue
+            others.append(i)
+            count = self.store.add(f"hb/{i}", 0)
+            if i in wait["counters"] and count != wait["counters"][i]:
+                wait["moved"][i] = wait["moved"].get(i, 0) + 1
+            wait["counters"][i] = count
+        return peer_wait_over(now - wait["since"], wait["moved"], others, self.node_timeout, self.poll)
 
     def _store_limit(self) -> float:
         """Until the store first answers, the start's allowance applies."""
