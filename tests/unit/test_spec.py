@@ -130,6 +130,14 @@ def test_world_and_rank_layout(mode, runtime):
 
 
 @pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
+def test_two_phases_the_masters_units_first(mode, runtime):
+    """start.yml imports phase 0 and phase 1, no others: a third would never start."""
+    built = build(mode, runtime)
+    assert built.phases == [0, 1]
+    assert all(u.phase == 0 for u in built.units if u.role in ("rank", "torchrun") and u.host == MASTER)
+
+
+@pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
 def test_rank_env(mode, runtime):
     built = build(mode, runtime)
     p = paths(RUNTIME[(mode, runtime)])
