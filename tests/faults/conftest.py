@@ -60,7 +60,10 @@ class Faults:
         """An attached launch of the fault workload, in the background."""
         command = self.args("launch", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", run_id, "--json",
                             *more, "--", "--seconds", str(seconds), *workload_args)
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        # Ctrl-C as in a terminal: a suite started in the background (nohup ... &) passes
+        # SIGINT on ignored, and the CLI rightly leaves an ignored signal ignored.
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def node(self, node, command, check=True):
         return node_sh(NAME, node, command, check).stdout
