@@ -84,7 +84,7 @@ def missing_path_check(needed):
             "msg": f"{needed['path']} does not exist on the node ({needed['variable']})"}
 
 
-def taken_port_check(port, table, guard_port, skip=False):
+def taken_port_check(port, table, skip=False):
     """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
     variable = "launch_master_port" if int(port) == int(table["master_port"]) else "launch_guard_port"
     return {"that": bool(skip), "kind": "node", "variable": variable,
