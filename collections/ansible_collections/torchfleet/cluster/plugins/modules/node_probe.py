@@ -20,6 +20,10 @@ description:
     addresses, and on request its route to an address, the paths it lacks, the ports that
     listen, and the runs of a job whose bare-process ranks still run.
 options:
+  addresses:
+    description: Return I(ip_addr); the call after the rank table has them already.
+    type: bool
+    default: true
   facts:
     description:
       - Also set C(ansible_all_ipv4_addresses) and C(ansible_default_ipv4) as the setup
@@ -55,7 +59,7 @@ options:
 
 RETURN = r"""
 nproc: {description: The CPUs this node lets the probe use (as nproc counts them)., returned: always, type: int}
-ip_addr: {description: C(ip -j addr show)'s output., returned: always, type: str}
+ip_addr: {description: C(ip -j addr show)'s output., returned: with addresses or facts, type: str}
 route: {description: C(ip -j route get ROUTE_TO)'s output., returned: with route_to, type: str}
 python_ok: {description: Whether I(python) is an executable file., returned: with python, type: bool}
 missing: {description: The I(paths) that do not exist., returned: always, type: list}
@@ -114,6 +118,7 @@ def _read(path):
 def main():
     module = AnsibleModule(
         argument_spec={
+            "addresses": {"type": "bool", "default": True},
             "facts": {"type": "bool", "default": False},
             "route_to": {"type": "str"},
             "python": {"type": "path"},
@@ -126,10 +131,13 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    _, addr, _ = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
-    result = {"changed": False, "nproc": len(os.sched_getaffinity(0)), "ip_addr": addr,
-              "missing": [path for path in p["paths"] if not os.path.exists(path)],
-              "listening": sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))}
+    result = {"changed": False, "nproc": len(os.sched_getaffinity(0)),
+              "missing": [path for path in p["paths"] if not os.path.exists(path)], "listening": []}
+    if p["ports"]:
+        result["listening"] = sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))
+    if p["addresses"] or p["facts"]:
+        _, addr, _ = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
+        result["ip_addr"] = addr
     if p["facts"]:
         rc, out, _ = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
         result["ansible_facts"] = {"ansible_all_ipv4_addresses": ipv4_addresses(addr),
