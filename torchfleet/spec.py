@@ -17,7 +17,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from torchfleet import redact
+from torchfleet import netif, redact
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import RANK_ENV_NAMES
 from torchfleet.report import PEER_ERROR_RE
@@ -581,6 +581,138 @@ def node_paths(settings: Mapping[str, Any]) -> list[dict[str, str]]:
     if settings.get("sgx_aesm_socket"):
         needed.append({"path": str(settings["sgx_aesm_socket_path"]), "variable": "launch_sgx_aesm_socket_path"})
     return needed
+
+
+def as_bool(value: Any = False) -> bool:
+    """A YAML or inventory boolean (yes, "true", 1, ...), as Ansible's bool filter reads it."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return bool(value)
+
+
+# A node's launch settings, each from the variable that sets it (roles/launch/defaults says
+# what each means). Read by the launch_input action from the host's variables: one Python
+# call, where as many Jinja expressions would each be compiled again for every node.
+SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "node_dir": ("launch_node_dir", str), "dataset_dir": ("launch_dataset_dir", str),
+    "python": ("launch_python", str), "omp_num_threads": ("launch_omp_num_threads", int),
+    "extra_volumes": ("launch_extra_volumes", list), "extra_devices": ("launch_extra_devices", list),
+    "sgx_devices": ("launch_sgx_devices", list), "sgx_aesm_socket": ("launch_sgx_aesm_socket", as_bool),
+    "sgx_aesm_socket_path": ("launch_sgx_aesm_socket_path", str), "sgx_enabled": ("launch_sgx_enabled", as_bool),
+    "sgx_log_level": ("launch_sgx_log_level", str), "gloo_tls": ("launch_gloo_tls", as_bool),
+    "tls_node_dir": ("launch_tls_node_dir", str), "tls_mount": ("launch_tls_mount", str),
+    "oom_kill_disable": ("launch_oom_kill_disable", as_bool), "mpirun_args": ("launch_mpirun_args", list),
+    "ssh_port": ("launch_ssh_port", int), "ssh_user": ("launch_ssh_user", str), "ssh_uid": ("launch_ssh_uid", int),
+    "ssh_gid": ("launch_ssh_gid", int), "ssh_node_dir": ("launch_ssh_node_dir", str),
+    "ssh_client_dir": ("launch_ssh_client_dir", str), "ssh_container_dir": ("launch_ssh_container_dir", str),
+    "sshd_path": ("launch_sshd_path", str),
+}
+# The launch's numbers whose range argument_specs cannot express: (variable, min, max or
+# None for no bound, what a bound value means).
+RANGES: tuple[tuple[str, float, float | None, str], ...] = (
+    ("launch_timeout", 0, None, " (0: no limit)"), ("launch_poll_interval", 0.1, 3600, ""),
+    ("launch_progress_interval", 0.1, None, ""), ("launch_master_wait_timeout", 1, None, ""),
+    ("launch_guard_port", 1, 65535, ""), ("launch_guard_poll_interval", 0.05, 60, ""),
+    ("launch_node_timeout", 1, None, ""), ("launch_stall_timeout", 0, None, " (0: never)"),
+    ("launch_stop_grace", 0, 3600, ""), ("launch_keep_runs", 1, None, ""),
+    ("launch_omp_num_threads", 0, None, " (0: from the CPUs)"),
+)
+# Every variable node_input reads.
+INPUT_VARIABLES = tuple(sorted({v for v, _ in SETTINGS.values()} | {r[0] for r in RANGES} | {
+    "launch_mode", "ssh_mesh_launcher", "launch_proxy_env", "launch_extra_env", "launch_secret_env"}))
+
+
+def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """A node's checked input (``values``: its INPUT_VARIABLES, templated): ``settings``, the
+    open environment ``env_public``, what may be shown of every variable ``env_shown``, and
+    whether it has secrets. The secret values stay out: the ranks' start reads them again.
+    Out-of-range numbers and bad secret names raise, every failure in one message."""
+    bad = out_of_range([{"name": n, "value": values.get(n), "min": low, "max": high, "why": why}
+                        for n, low, high, why in RANGES])
+    settings = {}
+    if not bad:
+        settings = {key: convert(values[variable]) if values.get(variable) is not None else convert()
+                    for key, (variable, convert) in SETTINGS.items()}
+        mpirun = values.get("launch_mode") == "mpirun"
+        settings["ssh_launcher"] = str(values.get("ssh_mesh_launcher") or "") if mpirun else ""
+    try:
+        parts = split_site_env({**settings, "proxy_env": values.get("launch_proxy_env") or {},
+                                "extra_env": values.get("launch_extra_env") or {}},
+                               values.get("launch_secret_env") or {}, host)
+    except InventoryError as exc:
+        bad.append({"variable": exc.variable or "launch_secret_env", "message": str(exc)})
+        parts = {}
+    if bad:
+        raise InventoryError("; ".join(b["message"] for b in bad), host, bad[0]["variable"])
+    return {"settings": settings, "env_public": parts["public"], "env_shown": parts["shown"],
+            "has_secrets": bool(parts["secret"])}
+
+
+def node_entry(host: str, table: Mapping[str, Any], mode: str, probe: Mapping[str, Any], route: Any,
+               checked: Mapping[str, Any], pinning: list[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """What build needs of one node: its address (its first rank's), the interface it routes
+    MASTER_ADDR through, its CPUs and pinning, and for mpirun's master its network; with
+    its checked input (node_input). ``probe``: node_probe's first reading; ``route``: its
+    route to MASTER_ADDR."""
+    address = next(r["address"] for r in table["ranks"] if r["host"] == host)
+    master = str(table["master_addr"])
+    mpi = mode == "mpirun" and host == table["master_host"]
+    return {
+        "address": address,
+        "interface": netif.gloo_interface(host, master, probe.get("ip_addr"), route),
+        "nproc": int(probe.get("nproc") or 1),
+        "pinning": list(pinning or []),
+        "mpi_network": netif.address_network(host, master, probe.get("ip_addr")) if mpi else "",
+        "settings": checked["settings"], "env_public": checked["env_public"], "env_shown": checked["env_shown"],
+    }
+
+
+def unit_index(units: list[Mapping[str, Any]]) -> dict[str, dict[str, list[int]]]:
+    """Each host's units by phase, as indexes into ``units`` (the spec's): a start task looks
+    up its own, where filtering every node's units would cost each node the cluster's size."""
+    index: dict[str, dict[str, list[int]]] = {}
+    for i, unit in enumerate(units):
+        index.setdefault(str(unit["host"]), {}).setdefault(str(unit["phase"]), []).append(i)
+    return index
+
+
+def missing_path_check(needed: Mapping[str, str]) -> dict[str, Any]:
+    """A failed check_input entry for a path a node lacks (``needed``: one of node_paths)."""
+    return {"that": False, "kind": "node", "variable": needed["variable"],
+            "msg": f"{needed['path']} does not exist on the node ({needed['variable']})"}
+
+
+def taken_port_check(port: Any, table: Mapping[str, Any], skip: bool = False) -> dict[str, Any]:
+    """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
+    variable = "launch_master_port" if int(port) == int(table["master_port"]) else "launch_guard_port"
+    return {"that": bool(skip), "kind": "node", "variable": variable,
+            "msg": f"{variable} {port} is already in use on {table['master_addr']}; choose another {variable}"}
+
+
+def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: list[str], table: Mapping[str, Any], *,
+                bare: bool, runtime: str, settings: Mapping[str, Any], job: str, planning: bool,
+                replace: bool) -> list[dict[str, Any]]:
+    """check_input's checks of a node's state against the launch: its runtime (``runtime``:
+    launch_python, or launch_image where ``bare`` is false), each path its ranks need
+    (``reading``: node_probe's, with ``missing`` and ``listening``), a run of the job that
+    still runs there (``running``), and the ports already taken on the master. A plan
+    (``planning``) reports what it finds and fails on none; under ``replace`` the ports
+    are checked once the replaced run has stopped."""
+    if bare:
+        runtime_check = {"variable": "launch_python",
+                         "msg": f"launch_python {runtime} does not exist; run site.yml with torchfleet_python_env: true first"}
+    else:
+        runtime_check = {"variable": "launch_image", "msg": f"launch_image {runtime} is not on this node; run site.yml first"}
+    checks = [{"that": planning or bool(ready), "kind": "node", **runtime_check}]
+    missing = set(reading.get("missing") or [])
+    checks += [missing_path_check(p) for p in node_paths(settings) if p["path"] in missing]
+    checks.append({"that": planning or replace or not running, "kind": "running", "variable": "launch_job",
+                   "msg": f"job {job} is still running as run {', '.join(running)} on {host}; stop it (torchfleet stop "
+                          f"{running[0] if running else ''}), or launch with --replace (launch_replace=true), which "
+                          "stops it first and keeps its logs"})
+    skip_ports = planning or replace or bool(running)
+    checks += [taken_port_check(port, table, skip_ports) for port in reading.get("listening") or []]
+    return checks
 
 
 def split_site_env(settings: Mapping[str, Any], secret: Mapping[str, Any] | None, host: str) -> dict[str, dict[str, str]]:

@@ -58,7 +58,7 @@ def test_node_paths_name_the_variable_that_asks_for_each():
 
 
 def test_a_missing_path_fails_naming_it_and_its_variable():
-    check = filters.missing_path_check({"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"})
+    check = spec.missing_path_check({"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"})
     assert check["that"] is False and check["kind"] == "node" and check["variable"] == "launch_sgx_devices"
     assert check["msg"].startswith("/dev/sgx/provision does not exist on the node")
 
@@ -77,3 +77,38 @@ def test_plan_lines_show_each_nodes_ranks_interface_and_cpusets():
     nodes = [{"interface": "eth0", "pinning": []}, {"interface": "eth1", "pinning": [{"cpuset": "0-1"}, {"cpuset": "2-3"}]}]
     assert filters.plan_lines(nodes, ["a", "b"], table) == [
         "a runs ranks 0 on eth0, cpusets unpinned", "b runs ranks 1,2 on eth1, cpusets 0-1 2-3"]
+
+
+def _checks(**kw):
+    args = {"host": "node-2", "reading": {"missing": [], "listening": []}, "ready": True, "running": [],
+            "table": {"master_port": 29500, "master_addr": "10.0.0.1"}}
+    opts = {"bare": True, "runtime": "/opt/venv/bin/python3", "settings": {"extra_devices": ["/dev/fuse"]},
+            "job": "train", "planning": False, "replace": False}
+    for k, v in kw.items():
+        (args if k in args else opts)[k] = v
+    return [c for c in spec.node_checks(args["host"], args["reading"], args["ready"], args["running"],
+                                        args["table"], **opts) if not c["that"]]
+
+
+def test_a_ready_idle_node_passes_every_check():
+    assert _checks() == []
+
+
+def test_each_node_state_failure_is_named_with_its_variable_and_kind():
+    failed = _checks(ready=False, reading={"missing": ["/dev/fuse"], "listening": [29510]}, running=["r1", "r2"])
+    assert [(c["variable"], c["kind"]) for c in failed] == [
+        ("launch_python", "node"), ("launch_extra_devices", "node"), ("launch_job", "running")]
+    assert "job train is still running as run r1, r2 on node-2; stop it (torchfleet stop r1)" in failed[2]["msg"]
+    # A running job takes its ports: the refusal says so, not the ports.
+    assert _checks(reading={"missing": [], "listening": [29510]})[0]["variable"] == "launch_guard_port"
+
+
+def test_a_container_node_without_the_image_names_launch_image():
+    failed = _checks(bare=False, runtime="torchfleet/train:x", ready=False)
+    assert failed[0]["variable"] == "launch_image" and "torchfleet/train:x is not on this node" in failed[0]["msg"]
+
+
+def test_a_plan_fails_only_on_missing_paths_and_a_replace_skips_the_running_job_and_its_ports():
+    state = {"ready": False, "reading": {"missing": ["/dev/fuse"], "listening": [29500]}, "running": ["r1"]}
+    assert [c["variable"] for c in _checks(planning=True, **state)] == ["launch_extra_devices"]
+    assert [c["variable"] for c in _checks(replace=True, **state)] == ["launch_python", "launch_extra_devices"]

@@ -7,6 +7,7 @@ builder's own intermediate results.
 import json
 import shlex
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -135,6 +136,8 @@ def test_two_phases_the_masters_units_first(mode, runtime):
     built = build(mode, runtime)
     assert built.phases == [0, 1]
     assert all(u.phase == 0 for u in built.units if u.role in ("rank", "torchrun") and u.host == MASTER)
+    # start_phase.yml waits for listeners in phase 0 only.
+    assert {u.phase for u in built.units if u.listen} == {0}
 
 
 @pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
@@ -800,3 +803,76 @@ def test_numbers_out_of_range_are_each_named_with_their_bounds():
          "message": "launch_guard_poll_interval=0 must be between 0.05 and 60"},
         {"variable": "launch_node_timeout", "message": "launch_node_timeout=soon must be at least 1"},
     ]
+
+
+def _input_values(**over):
+    values = {"launch_timeout": 0, "launch_poll_interval": 2, "launch_progress_interval": 30,
+              "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
+              "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
+              "launch_omp_num_threads": "2", "launch_mode": "process", "launch_gloo_tls": "yes",
+              "launch_tls_node_dir": "/etc/pki", "launch_ssh_port": "2222", "ssh_mesh_launcher": "node-1",
+              "launch_proxy_env": {"https_proxy": "http://u:pw@proxy:3128"}, "launch_extra_env": {"A": 1},
+              "launch_secret_env": {"TOKEN": "s3cret"}}
+    values.update(over)
+    return values
+
+
+def test_node_input_reads_each_setting_from_its_variable_typed():
+    got = spec.node_input(_input_values(), "node-2")
+    s = got["settings"]
+    assert (s["omp_num_threads"], s["gloo_tls"], s["tls_node_dir"], s["ssh_port"]) == (2, True, "/etc/pki", 2222)
+    # Only mpirun launches from ssh_mesh_launcher's node.
+    assert s["ssh_launcher"] == ""
+    assert spec.node_input(_input_values(launch_mode="mpirun"), "node-2")["settings"]["ssh_launcher"] == "node-1"
+    # The builder reads the same names as the settings the tests build by hand.
+    assert set(s) == set(settings()) - {"proxy_env", "extra_env"}
+
+
+def test_node_input_keeps_secret_values_out_and_shows_them_masked():
+    got = spec.node_input(_input_values(), "node-2")
+    assert got["has_secrets"] is True
+    assert "s3cret" not in repr(got) and "pw@" not in repr(got)
+    assert got["env_public"] == {"A": "1"}
+    assert got["env_shown"]["TOKEN"] != "s3cret" and "***" in got["env_shown"]["https_proxy"]
+    assert spec.node_input(_input_values(launch_secret_env={}, launch_proxy_env={}), "n")["has_secrets"] is False
+
+
+def test_node_input_names_every_bad_number_and_bad_secret_name_at_once():
+    with pytest.raises(InventoryError) as err:
+        spec.node_input(_input_values(launch_keep_runs=0, launch_guard_poll_interval=0,
+                                      launch_secret_env={"BAD NAME": "x"}), "node-3")
+    assert (err.value.host, err.value.variable) == ("node-3", "launch_guard_poll_interval")
+    assert "launch_keep_runs=0 must be at least 1" in str(err.value) and "BAD NAME" in str(err.value)
+
+
+def test_every_variable_node_input_reads_is_a_role_default():
+    defaults = (Path(__file__).parents[2] / "roles/launch/defaults/main.yml").read_text()
+    launch_vars = [v for v in spec.INPUT_VARIABLES if v.startswith("launch_")]
+    assert [v for v in launch_vars if f"\n{v}:" not in defaults] == []
+
+
+def test_node_entry_takes_the_interface_to_the_master_and_the_first_ranks_address():
+    table = {"master_addr": "10.0.0.1", "master_host": "a", "ranks": [
+        {"rank": 0, "host": "a", "address": "10.0.0.1"}, {"rank": 1, "host": "b", "address": "10.0.0.2"}]}
+    ip_addr = [{"ifname": "eth1", "addr_info": [{"local": "10.0.0.2", "prefixlen": 24}]}]
+    route = [{"dst": "10.0.0.1", "dev": "eth1"}]
+    checked = {"settings": {"python": "p"}, "env_public": {}, "env_shown": {}}
+    b = spec.node_entry("b", table, "process", {"nproc": "8", "ip_addr": ip_addr}, route, checked, None)
+    assert (b["address"], b["interface"], b["nproc"], b["pinning"], b["mpi_network"]) == ("10.0.0.2", "eth1", 8, [], "")
+    a_addr = [{"ifname": "eth0", "addr_info": [{"local": "10.0.0.1", "prefixlen": 24}]}]
+    a = spec.node_entry("a", table, "mpirun", {"nproc": 4, "ip_addr": a_addr}, [], checked, [{"cpuset": "0"}])
+    assert (a["interface"], a["mpi_network"], a["pinning"]) == ("eth0", "10.0.0.0/24", [{"cpuset": "0"}])
+    with pytest.raises(InventoryError) as err:
+        spec.node_entry("b", table, "process", {"nproc": 1, "ip_addr": []}, [], checked, None)
+    assert err.value.host == "b"
+
+
+@pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
+def test_unit_index_gives_each_host_its_own_units_by_phase(mode, runtime):
+    units = build(mode, runtime).to_dict()["units"]
+    index = spec.unit_index(units)
+    found = sorted(i for phases in index.values() for ids in phases.values() for i in ids)
+    assert found == list(range(len(units)))
+    for host, phases in index.items():
+        for phase, ids in phases.items():
+            assert all(units[i]["host"] == host and str(units[i]["phase"]) == phase for i in ids)

@@ -1,10 +1,12 @@
 """Compute a launch's spec once, on the controller: what every rank of the job runs and sees."""
 
+import json
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 from torchfleet import lookalike, spec
 from torchfleet.errors import InventoryError
@@ -15,15 +17,18 @@ DOCUMENTATION = r"""
 module: launch_spec
 short_description: Build the launch spec of a job (torchfleet.spec)
 description:
-  - Reads each node's settings and facts from the host variable I(node_var), checks them
-    together, and returns the spec every start task applies and the plan shows. Fails with
+  - Reads what each node's own tasks found (launch_input's C(launch__input), node_probe's
+    readings, cpu_pinning's plan) through hostvars, checks them together, and returns the
+    spec every start task applies and the plan shows, each node's entry as I(nodes), and
+    the files every node's run folder gets (spec.json, the guard) as I(common_files), and
+    each host's units by phase (indexes into the spec's units) as I(unit_index).
+    Fails with
     C(torchfleet_error) (host, variable) on bad input. Warns about inventory variables that
     look like torchfleet's but are not.
 options:
   hosts: {description: The play's nodes., type: list, elements: str, required: true}
   group: {description: The launch group's hosts., type: list, elements: str, required: true}
   table: {description: rank_plan's rank table., type: dict, required: true}
-  node_var: {description: The host variable with each node's settings and facts., type: str, default: launch__node}
   roles_dir: {description: torchfleet's roles, whose variables are known names., type: path, required: true}
   job: {description: The job-wide settings (run_id, job, mode, ...)., type: dict, required: true}
 """
@@ -32,7 +37,6 @@ ARGS = {
     "hosts": {"type": "list", "elements": "str", "required": True},
     "group": {"type": "list", "elements": "str", "required": True},
     "table": {"type": "dict", "required": True},
-    "node_var": {"type": "str", "default": "launch__node"},
     "roles_dir": {"type": "path", "required": True},
     "job": {"type": "dict", "required": True},
 }
@@ -57,11 +61,26 @@ class ActionModule(ActionBase):
                 raise InventoryError("is not in the launch group launch_hosts_group", outside[0], "launch_hosts_group")
             spec.check_job(job.get("job"))
             job.update(run_id=job.get("run_id") or spec.new_run_id(), warnings=warnings)
-            nodes = {h: hostvars[h][args["node_var"]] for h in args["hosts"]}
+            nodes = {h: _node(h, args["table"], job.get("mode"), hostvars[h]) for h in args["hosts"]}
             built = spec.build(job, args["table"], nodes)
         except InventoryError as exc:
             return core.fail_input(result, exc)
         for w in warnings:
             display.warning(w["message"])
-        result.update(changed=False, spec=spec.redacted(built))
+        redacted = spec.redacted(built)
+        # The files every node's run folder gets, made once here rather than in every node's worker.
+        with open(guard.__file__) as fh:
+            # Without the nodes' own files, which each node has beside it: with them, every
+            # node would get every other's guard.json, the square of the cluster's size.
+            kept = {k: v for k, v in redacted.items() if k != "files"}
+            common = {"spec.json": json.dumps(kept, sort_keys=True, separators=(",", ":")), "guard.py": fh.read()}
+        result.update(changed=False, spec=redacted, nodes=spec.redacted(nodes), common_files=common,
+                      unit_index=spec.unit_index(redacted["units"]))
         return result
+
+
+def _node(host, table, mode, hostvars):
+    """What the spec needs of a node, from what its own tasks read: its checked input
+    (launch_input), its probes (node_probe) and its pinning (cpu_pinning)."""
+    return spec.node_entry(host, table, mode, hostvars["launch__node_facts"], hostvars["launch__node_state"]["route"],
+                           hostvars["launch__input"], hostvars.get("cpu_pinning_plan"))

@@ -67,10 +67,17 @@ def out_of_range(checks):
     return spec.out_of_range(checks)
 
 
-def spec_units(launch_spec, host, phase=None, kind=None):
-    """This node's units of the launch spec, of one phase and kind when given."""
-    return [u for u in launch_spec["units"] if u["host"] == host and (phase is None or u["phase"] == int(phase))
-            and (kind is None or u["kind"] == kind)]
+def running_runs(nodes, bare):
+    """The runs of the job that still run on ``nodes`` (hostvars entries), as node_probe
+    (process modes) or rank_containers (container modes) found them."""
+    found = []
+    for node in nodes:
+        if bare:
+            found += (node.get("launch__node_state") or {}).get("running_runs") or []
+        else:
+            found += [c["run"] for c in (node.get("launch__job_containers") or {}).get("containers") or []
+                      if c.get("running")]
+    return sorted(set(found))
 
 
 def node_paths(settings):
@@ -78,17 +85,14 @@ def node_paths(settings):
     return spec.node_paths(settings)
 
 
-def missing_path_check(needed):
-    """A failed check_input entry for a path a node lacks (``needed``: one of node_paths)."""
-    return {"that": False, "kind": "node", "variable": needed["variable"],
-            "msg": f"{needed['path']} does not exist on the node ({needed['variable']})"}
-
-
 def taken_port_check(port, table, skip=False):
     """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
-    variable = "launch_master_port" if int(port) == int(table["master_port"]) else "launch_guard_port"
-    return {"that": bool(skip), "kind": "node", "variable": variable,
-            "msg": f"{variable} {port} is already in use on {table['master_addr']}; choose another {variable}"}
+    return spec.taken_port_check(port, table, skip)
+
+
+def node_checks(reading, host, ready, running, table, **kwargs):
+    """check_input's checks of a node's state (torchfleet.spec.node_checks)."""
+    return spec.node_checks(host, reading, ready, running, table, **kwargs)
 
 
 def plan_lines(nodes, hosts, table):
@@ -136,11 +140,11 @@ class FilterModule:
             "overlay_allocate_error": overlay_allocate_error,
             "split_site_env": split_site_env,
             "out_of_range": out_of_range,
-            "spec_units": spec_units,
             "process_entries": process_entries,
             "node_paths": node_paths,
+            "node_checks": node_checks,
+            "running_runs": running_runs,
             "plan_lines": plan_lines,
-            "missing_path_check": missing_path_check,
             "taken_port_check": taken_port_check,
             "overlay_state": _wrap(overlay_state),
             "overlay_interface_address": _wrap(overlay_interface_address),
