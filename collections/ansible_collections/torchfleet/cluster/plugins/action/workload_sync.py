@@ -32,6 +32,9 @@ class ActionModule(ActionBase):
         args = core.validate_args(self, ARGS)
         shell = self._connection._shell
         try:
+            if self._task.check_mode:
+                result.update(changed=True)
+                return result
             remote = self._transfer_file(args["src"], shell.join_path(shell.tmpdir, "workload.tar"))
             self._fixup_perms2((shell.tmpdir, remote))
             result.update(self._execute_module(

@@ -17,7 +17,8 @@ description:
   - Unpacks I(src) (workload_pack's tar) beside I(dest), then swaps it in for the earlier
     copy, which goes whole: files deleted on the controller go too, and a rank never sees
     half a workload. One call where the file and unarchive modules took three.
-  - Members that would land outside I(dest) (an absolute path, C(..), a link) are refused.
+  - Members that would land outside I(dest) (an absolute path, C(..), a link, a device)
+    are refused, and the earlier copy is left as it was.
   - With I(keep), the tar is then moved there (the node's copy, whose checksum the next
     launch compares before it sends the workload again). workload_sync runs this module.
 options:
@@ -28,21 +29,19 @@ options:
 """
 
 
-def _safe(members, dest):
-    root = os.path.realpath(dest)
+def _safe(members, root):
+    root = os.path.realpath(root)
     for m in members:
         target = os.path.realpath(os.path.join(root, m.name))
-        if m.issym() or m.islnk() or m.isdev() or not (target == root or target.startswith(root + os.sep)):
+        if not (m.isfile() or m.isdir()) or not (target == root or target.startswith(root + os.sep)):
             raise ValueError(f"{m.name}: not a plain file or folder inside the workload")
     return members
 
 
-def main():
-    module = AnsibleModule(argument_spec={"src": {"type": "path", "required": True},
-                                          "dest": {"type": "path", "required": True},
-                                          "keep": {"type": "path"},
-                                          "mode": {"type": "str", "default": "0755"}})
-    src, dest = module.params["src"], module.params["dest"].rstrip("/")
+def unpack(src, dest, mode=0o755, keep=None):
+    """Unpack ``src`` into a fresh folder beside ``dest`` and swap it in; then move ``src``
+    to ``keep``. Raises OSError, tarfile.TarError or ValueError, leaving ``dest`` as it was."""
+    dest = dest.rstrip("/")
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
     fresh = tempfile.mkdtemp(prefix=".unpack-", dir=parent)
@@ -51,25 +50,34 @@ def main():
             members = _safe(tar.getmembers(), fresh)
             # Python's own member filter where it has one (3.12, and late 3.8-3.11 releases).
             tar.extractall(fresh, members=members, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
-        os.chmod(fresh, int(module.params["mode"], 8))
+        os.chmod(fresh, mode)
         old = None
         if os.path.lexists(dest):
             old = tempfile.mkdtemp(prefix=".old-", dir=parent)
             os.rename(dest, os.path.join(old, "w"))
         os.rename(fresh, dest)
-    except (OSError, tarfile.TarError, ValueError) as exc:
+    except BaseException:
         shutil.rmtree(fresh, ignore_errors=True)
-        module.fail_json(msg=f"cannot unpack {src} into {dest}: {exc}")
+        raise
     if old:
         shutil.rmtree(old, ignore_errors=True)
-    if module.params["keep"]:
-        try:
-            os.makedirs(os.path.dirname(module.params["keep"]), exist_ok=True)
-            shutil.move(src, module.params["keep"])
-            os.chmod(module.params["keep"], 0o600)
-        except OSError as exc:
-            module.fail_json(msg=f"cannot keep {src} as {module.params['keep']}: {exc}")
-    module.exit_json(changed=True, dest=dest)
+    if keep:
+        os.makedirs(os.path.dirname(keep), exist_ok=True)
+        shutil.move(src, keep)
+        os.chmod(keep, 0o600)
+
+
+def main():
+    module = AnsibleModule(argument_spec={"src": {"type": "path", "required": True},
+                                          "dest": {"type": "path", "required": True},
+                                          "keep": {"type": "path"},
+                                          "mode": {"type": "str", "default": "0755"}})
+    p = module.params
+    try:
+        unpack(p["src"], p["dest"], int(p["mode"], 8), p["keep"])
+    except (OSError, tarfile.TarError, ValueError) as exc:
+        module.fail_json(msg=f"cannot unpack {p['src']} into {p['dest']}: {exc}")
+    module.exit_json(changed=True, dest=p["dest"].rstrip("/"))
 
 
 if __name__ == "__main__":
