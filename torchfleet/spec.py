@@ -617,18 +617,30 @@ RANGES: tuple[tuple[str, float, float | None, str], ...] = (
     ("launch_stop_grace", 0, 3600, ""), ("launch_keep_runs", 1, None, ""),
     ("launch_omp_num_threads", 0, None, " (0: from the CPUs)"),
 )
+# launch_transport wireguard's numbers, checked only with it.
+OVERLAY_RANGES: tuple[tuple[str, float, float | None, str], ...] = (
+    ("launch_overlay_probe_port", 1, 65535, ""), ("launch_overlay_probe_timeout", 0.01, None, ""),
+    ("launch_overlay_handshake_max_age", 1, None, ""),
+)
 # Every variable node_input reads.
-INPUT_VARIABLES = tuple(sorted({v for v, _ in SETTINGS.values()} | {r[0] for r in RANGES} | {
-    "launch_mode", "ssh_mesh_launcher", "launch_proxy_env", "launch_extra_env", "launch_secret_env"}))
+INPUT_VARIABLES = tuple(sorted({v for v, _ in SETTINGS.values()} | {r[0] for r in RANGES + OVERLAY_RANGES} | {
+    "launch_mode", "ssh_mesh_launcher", "launch_proxy_env", "launch_extra_env", "launch_secret_env",
+    "launch_transport", "launch_overlay_interface", "launch_master_port"}))
 
 
 def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
     """A node's checked input (``values``: its INPUT_VARIABLES, templated): ``settings``, the
-    open environment ``env_public``, what may be shown of every variable ``env_shown``, and
-    whether it has secrets. The secret values stay out: the ranks' start reads them again.
+    open environment ``env_public``, what may be shown of every variable ``env_shown``,
+    whether it has secrets, and under launch_transport wireguard the overlay's interface,
+    whose address rank_plan takes as the node's. The secret values stay out: the ranks'
+    start reads them again.
     Out-of-range numbers and bad secret names raise, every failure in one message."""
+    overlay = values.get("launch_transport") == "wireguard"
     bad = out_of_range([{"name": n, "value": values.get(n), "min": low, "max": high, "why": why}
-                        for n, low, high, why in RANGES])
+                        for n, low, high, why in RANGES + (OVERLAY_RANGES if overlay else ())])
+    if overlay and not bad and int(values["launch_overlay_probe_port"]) == int(values.get("launch_master_port") or 0):
+        bad.append({"variable": "launch_overlay_probe_port", "message": f"launch_overlay_probe_port="
+                    f"{values['launch_overlay_probe_port']} must differ from launch_master_port"})
     settings = {}
     if not bad:
         settings = {key: convert(values[variable]) if values.get(variable) is not None else convert()
@@ -645,7 +657,8 @@ def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
     if bad:
         raise InventoryError("; ".join(b["message"] for b in bad), host, bad[0]["variable"])
     return {"settings": settings, "env_public": parts["public"], "env_shown": parts["shown"],
-            "has_secrets": bool(parts["secret"])}
+            "has_secrets": bool(parts["secret"]),
+            "overlay_interface": str(values.get("launch_overlay_interface") or "") if overlay else ""}
 
 
 def node_entry(host: str, table: Mapping[str, Any], mode: str, probe: Mapping[str, Any], route: Any,

@@ -876,3 +876,19 @@ def test_unit_index_gives_each_host_its_own_units_by_phase(mode, runtime):
     for host, phases in index.items():
         for phase, ids in phases.items():
             assert all(units[i]["host"] == host and str(units[i]["phase"]) == phase for i in ids)
+
+
+def test_node_input_checks_the_overlays_numbers_only_under_wireguard():
+    overlay = {"launch_transport": "wireguard", "launch_overlay_interface": "tfwg0", "launch_master_port": 29500,
+               "launch_overlay_probe_port": 29501, "launch_overlay_probe_timeout": 3,
+               "launch_overlay_handshake_max_age": 180}
+    assert spec.node_input(_input_values(**overlay), "n")["overlay_interface"] == "tfwg0"
+    assert spec.node_input(_input_values(**{**overlay, "launch_transport": "tcp", "launch_overlay_probe_port": 0}),
+                           "n")["overlay_interface"] == ""
+    for bad, variable in (({"launch_overlay_probe_port": 29500}, "launch_overlay_probe_port"),
+                          ({"launch_overlay_probe_port": 70000}, "launch_overlay_probe_port"),
+                          ({"launch_overlay_probe_timeout": 0}, "launch_overlay_probe_timeout"),
+                          ({"launch_overlay_handshake_max_age": 0}, "launch_overlay_handshake_max_age")):
+        with pytest.raises(InventoryError) as err:
+            spec.node_input(_input_values(**{**overlay, **bad}), "node-2")
+        assert (err.value.host, err.value.variable) == ("node-2", variable)

@@ -1,9 +1,10 @@
 """Validate the inventory and build the rank table, on the controller, changing nothing."""
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import ranks
+from torchfleet import overlay, ranks
 from torchfleet.errors import InventoryError
 
 DOCUMENTATION = r"""
@@ -18,12 +19,15 @@ options:
     type: list
     elements: str
     required: true
-  address_var:
+  overlay:
     description:
-      - The host variable that holds each node's cluster address (the overlay's, say).
-      - Without it, each node's address comes from its variables and facts
+      - Take each node's address from its overlay interface (launch_transport wireguard):
+        the interface launch_input kept in C(launch__input), read in node_probe's C(ip_addr)
+        (C(launch__node_facts)). A node whose overlay is down fails, by name.
+      - Otherwise each node's address comes from its variables and facts
         (C(torchfleet_cluster_address), C(torchfleet_cluster_network), C(ansible_host)).
-    type: str
+    type: bool
+    default: false
   master_port:
     description: The rendezvous port on the master.
     type: int
@@ -48,7 +52,7 @@ class ActionModule(ActionBase):
                         "name": name,
                         "node_rank": hv.get(ranks.NODE_RANK_VAR),
                         "procs": hv.get(ranks.PROCS_VAR),
-                        "address": hv.get(args["address_var"]) if args.get("address_var")
+                        "address": _overlay_address(name, hv) if boolean(args.get("overlay", False))
                         else ranks.cluster_address_of(name, hv),
                     }
                 )
@@ -58,3 +62,8 @@ class ActionModule(ActionBase):
         result.update(changed=False, plan=table)
         return result
 
+
+def _overlay_address(name, hv):
+    if "launch__input" not in hv or "launch__node_facts" not in hv:
+        raise InventoryError("has no overlay address: its checks failed (see above)", name, overlay.TRANSPORT_VAR)
+    return overlay.interface_address(name, hv["launch__input"]["overlay_interface"], hv["launch__node_facts"]["ip_addr"])
