@@ -112,3 +112,22 @@ def test_a_plan_fails_only_on_missing_paths_and_a_replace_skips_the_running_job_
     state = {"ready": False, "reading": {"missing": ["/dev/fuse"], "listening": [29500]}, "running": ["r1"]}
     assert [c["variable"] for c in _checks(planning=True, **state)] == ["launch_extra_devices"]
     assert [c["variable"] for c in _checks(replace=True, **state)] == ["launch_python", "launch_extra_devices"]
+
+
+def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
+    table = {"master_port": 29500, "master_addr": "10.0.0.1"}
+    ok = {"launch__input": {"settings": {"python": "/venv/bin/python"}},
+          "launch__node_state": {"python_ok": True, "missing": [], "listening": [], "running_runs": []}}
+    bad = {"launch__input": {"settings": {"python": "/other/python", "extra_devices": ["/dev/fuse"]}},
+           "launch__node_state": {"python_ok": False, "missing": ["/dev/fuse"], "listening": [], "running_runs": ["r9"]}}
+    checks = filters.node_checks([ok, bad], ["node-1", "node-2"], table, True, None, "train")
+    failed = [(c["host"], c["variable"]) for c in checks if not c["that"]]
+    assert failed == [("node-2", "launch_python"), ("node-2", "launch_extra_devices"), ("node-2", "launch_job")]
+    assert "launch_python /other/python does not exist" in next(c["msg"] for c in checks if not c["that"])
+    # Container modes: the image as check_containers.yml found it, and the job's running containers.
+    image = {"launch__input": {"settings": {}}, "launch__node_state": {},
+             "launch__image": {"images": [{"Id": "sha256:1"}]},
+             "launch__job_containers": {"containers": [{"run": "r7", "running": True}, {"run": "r6", "running": False}]}}
+    failed = [c for c in filters.node_checks([image], ["node-3"], table, False, "img:1", "train") if not c["that"]]
+    assert [(c["host"], c["variable"], c["kind"]) for c in failed] == [("node-3", "launch_job", "running")]
+    assert "as run r7 on node-3" in failed[0]["msg"]

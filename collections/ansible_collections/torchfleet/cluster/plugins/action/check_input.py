@@ -35,16 +35,22 @@ options:
       - Instead of one check, several (each with I(that), I(msg), I(variable) and I(kind)),
         in one task: each task costs a process per node. The first that fails gives the
         error's variable and kind; the message names every one that failed.
+      - A check may name the I(host) it is about (a run_once task checking every node);
+        without it, the check is about the task's own host.
     type: list
     elements: dict
+  consequence:
+    description: What a failure means beyond the checks (C(so no rank was started on any node)), added to the message.
+    type: str
 """
 
 _KINDS = ["input", "node", "running"]
 _CHECK = {"that": {"type": "bool", "required": True}, "msg": {"type": "str", "required": True},
-          "variable": {"type": "str", "required": True}, "kind": {"type": "str", "choices": _KINDS, "default": "input"}}
+          "variable": {"type": "str", "required": True}, "kind": {"type": "str", "choices": _KINDS, "default": "input"},
+          "host": {"type": "str"}}
 ARGS = {"that": {"type": "bool"}, "msg": {"type": "str"}, "variable": {"type": "str"},
         "kind": {"type": "str", "choices": _KINDS, "default": "input"},
-        "checks": {"type": "list", "elements": "dict", "options": _CHECK}}
+        "checks": {"type": "list", "elements": "dict", "options": _CHECK}, "consequence": {"type": "str"}}
 
 
 class ActionModule(ActionBase):
@@ -61,6 +67,9 @@ class ActionModule(ActionBase):
         if not failed:
             result.update(changed=False)
             return result
-        host = task_vars["inventory_hostname"]
-        msg = "; ".join(c["msg"] for c in failed)
-        return core.fail_input(result, InventoryError(msg, host, failed[0]["variable"]), failed[0]["kind"])
+        own = task_vars["inventory_hostname"]
+        msg = "; ".join(f"host {c['host']}: {c['msg']}" if c.get("host") else c["msg"] for c in failed)
+        if args["consequence"]:
+            msg = f"{msg}; {args['consequence']}"
+        error = InventoryError(msg, failed[0].get("host") or own, failed[0]["variable"])
+        return core.fail_input(result, error, failed[0]["kind"])

@@ -90,9 +90,27 @@ def taken_port_check(port, table, skip=False):
     return spec.taken_port_check(port, table, skip)
 
 
-def node_checks(reading, host, ready, running, table, **kwargs):
-    """check_input's checks of a node's state (torchfleet.spec.node_checks)."""
-    return spec.node_checks(host, reading, ready, running, table, **kwargs)
+def runtime_ready(node, bare):
+    """Whether a node (its hostvars) has what its ranks run on: launch_python, as node_probe
+    found it, or the image, as check_containers.yml looked for it."""
+    if bare:
+        return bool((node.get("launch__node_state") or {}).get("python_ok"))
+    return len((node.get("launch__image") or {}).get("images") or []) == 1
+
+
+def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=False):
+    """check_input's checks of every node's state (torchfleet.spec.node_checks), each with
+    its host, from what each node's own tasks read (``nodes``: the hostvars of ``hosts``):
+    one task on the controller, where a task per node costs a process per node."""
+    checks = []
+    for host, node in zip(hosts, nodes):
+        settings = (node.get("launch__input") or {}).get("settings") or {}
+        found = spec.node_checks(host, node.get("launch__node_state") or {}, runtime_ready(node, bare),
+                                 running_runs([node], bare), table, bare=bare,
+                                 runtime=settings.get("python") if bare else image, settings=settings, job=job,
+                                 planning=planning, replace=replace)
+        checks += [dict(c, host=host) for c in found]
+    return checks
 
 
 def plan_lines(nodes, hosts, table):
@@ -143,6 +161,7 @@ class FilterModule:
             "process_entries": process_entries,
             "node_paths": node_paths,
             "node_checks": node_checks,
+            "runtime_ready": runtime_ready,
             "running_runs": running_runs,
             "plan_lines": plan_lines,
             "taken_port_check": taken_port_check,
