@@ -3,7 +3,7 @@
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import netif, overlay, ranks, redact, spec
+from torchfleet import overlay, ranks, redact, spec
 from torchfleet.errors import InventoryError
 
 
@@ -21,16 +21,6 @@ def _wrap(func):
 def cluster_address(host_vars, host):
     """The address other nodes reach ``host`` on, from its variables and facts."""
     return ranks.cluster_address_of(host, host_vars)
-
-
-def gloo_interface(master_addr, ip_addr, ip_route, host):
-    """The interface a node routes MASTER_ADDR through (``ip -j`` output as input)."""
-    return netif.gloo_interface(host, master_addr, ip_addr, ip_route)
-
-
-def address_network(address, ip_addr, host):
-    """The CIDR of the node's network that holds ``address`` (``ip -j addr`` output as input)."""
-    return netif.address_network(host, address, ip_addr)
 
 
 def redact_url(text):
@@ -60,11 +50,6 @@ def split_site_env(settings, secret, host):
         return spec.split_site_env(settings, secret, host)
     except InventoryError as exc:
         return {"public": {}, "secret": {}, "shown": {}, "error": {"message": str(exc), "variable": exc.variable}}
-
-
-def out_of_range(checks):
-    """The checks of ``{name, value, min, max}`` that fail, as ``{variable, message}``."""
-    return spec.out_of_range(checks)
 
 
 def running_runs(nodes, bare):
@@ -137,11 +122,6 @@ def overlay_state(text):
     return overlay.load_state(text)
 
 
-def overlay_interface_address(ip_addr, interface, host):
-    """The node's overlay address from ``ip -j addr show``; fails naming the node when the overlay is down."""
-    return overlay.interface_address(host, interface, ip_addr)
-
-
 def overlay_unreachable(results, max_age):
     """The node pairs that cannot talk over the overlay, from every node's overlay_probe result."""
     return overlay.unreachable_pairs(results, int(max_age))
@@ -151,13 +131,10 @@ class FilterModule:
     def filters(self):
         return {
             "cluster_address": _wrap(cluster_address),
-            "gloo_interface": _wrap(gloo_interface),
-            "address_network": _wrap(address_network),
             "overlay_allocate": _wrap(overlay_allocate),
             "overlay_check_endpoints": _wrap(overlay_check_endpoints),
             "overlay_allocate_error": overlay_allocate_error,
             "split_site_env": split_site_env,
-            "out_of_range": out_of_range,
             "process_entries": process_entries,
             "node_paths": node_paths,
             "node_checks": node_checks,
@@ -166,7 +143,6 @@ class FilterModule:
             "plan_lines": plan_lines,
             "taken_port_check": taken_port_check,
             "overlay_state": _wrap(overlay_state),
-            "overlay_interface_address": _wrap(overlay_interface_address),
             "overlay_unreachable": _wrap(overlay_unreachable),
             "redact_url": redact_url,
         }
