@@ -661,18 +661,18 @@ def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
             "overlay_interface": str(values.get("launch_overlay_interface") or "") if overlay else ""}
 
 
-def node_entry(host: str, table: Mapping[str, Any], mode: str, probe: Mapping[str, Any], route: Any,
+def node_entry(host: str, table: Mapping[str, Any], mode: str, probe: Mapping[str, Any],
                checked: Mapping[str, Any], pinning: list[Mapping[str, Any]] | None) -> dict[str, Any]:
     """What build needs of one node: its address (its first rank's), the interface it routes
     MASTER_ADDR through, its CPUs and pinning, and for mpirun's master its network; with
-    its checked input (node_input). ``probe``: node_probe's first reading; ``route``: its
-    route to MASTER_ADDR."""
+    its checked input (node_input). ``probe``: node_probe's reading, with its addresses and
+    routing tables."""
     address = next(r["address"] for r in table["ranks"] if r["host"] == host)
     master = str(table["master_addr"])
     mpi = mode == "mpirun" and host == table["master_host"]
     return {
         "address": address,
-        "interface": netif.gloo_interface(host, master, probe.get("ip_addr"), route),
+        "interface": netif.gloo_interface(host, master, probe.get("ip_addr"), probe.get("routes")),
         "nproc": int(probe.get("nproc") or 1),
         "pinning": list(pinning or []),
         "mpi_network": netif.address_network(host, master, probe.get("ip_addr")) if mpi else "",
@@ -708,7 +708,8 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
     """check_input's checks of a node's state against the launch: its runtime (``runtime``:
     launch_python, or launch_image where ``bare`` is false), each path its ranks need
     (``reading``: node_probe's, with ``missing`` and ``listening``), a run of the job that
-    still runs there (``running``), and the ports already taken on the master. A plan
+    still runs there (``running``), and the ports already taken on the master (``host``
+    is the master's where ``table`` says so). A plan
     (``planning``) reports what it finds and fails on none; under ``replace`` the ports
     are checked once the replaced run has stopped."""
     if bare:
@@ -723,8 +724,10 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
                    "msg": f"job {job} is still running as run {', '.join(running)} on {host}; stop it (torchfleet stop "
                           f"{running[0] if running else ''}), or launch with --replace (launch_replace=true), which "
                           "stops it first and keeps its logs"})
+    # Every node reports its ports; only the master's are the rendezvous's and the guards'.
     skip_ports = planning or replace or bool(running)
-    checks += [taken_port_check(port, table, skip_ports) for port in reading.get("listening") or []]
+    taken = reading.get("listening") or [] if host == table["master_host"] else []
+    checks += [taken_port_check(port, table, skip_ports) for port in taken]
     return checks
 
 

@@ -57,6 +57,17 @@ def test_node_paths_name_the_variable_that_asks_for_each():
     assert spec.node_paths({"sgx_aesm_socket": False, "sgx_aesm_socket_path": "/x"}) == []
 
 
+def test_routes_keep_what_a_lookup_needs_with_their_family():
+    raw = {"dst": "default", "gateway": "fd00::1", "dev": "eth0", "metric": 1024, "flags": [], "pref": "medium"}
+    assert node_probe.route_fields(raw, 6) == {"dst": "default", "dev": "eth0", "metric": 1024, "family": 6}
+    multipath = {"dst": "10.0.0.0/8", "nexthops": [{"gateway": "10.0.0.1", "dev": "bond0", "weight": 1}]}
+    assert node_probe.route_fields(multipath, 4)["nexthops"] == [{"dev": "bond0"}]
+    assert not node_probe.routable({"type": "broadcast", "dst": "10.0.0.255"})
+    assert not node_probe.routable({"type": "multicast", "dst": "ff00::/8"})
+    assert not node_probe.routable({"dst": "fe80::/64", "dev": "veth1"})
+    assert node_probe.routable({"type": "local", "dst": "10.0.0.2"}) and node_probe.routable({"dst": "default"})
+
+
 def test_a_missing_path_fails_naming_it_and_its_variable():
     check = spec.missing_path_check({"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"})
     assert check["that"] is False and check["kind"] == "node" and check["variable"] == "launch_sgx_devices"
@@ -81,7 +92,7 @@ def test_plan_lines_show_each_nodes_ranks_interface_and_cpusets():
 
 def _checks(**kw):
     args = {"host": "node-2", "reading": {"missing": [], "listening": []}, "ready": True, "running": [],
-            "table": {"master_port": 29500, "master_addr": "10.0.0.1"}}
+            "table": {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-2"}}
     opts = {"bare": True, "runtime": "/opt/venv/bin/python3", "settings": {"extra_devices": ["/dev/fuse"]},
             "job": "train", "planning": False, "replace": False}
     for k, v in kw.items():
@@ -103,6 +114,14 @@ def test_each_node_state_failure_is_named_with_its_variable_and_kind():
     assert _checks(reading={"missing": [], "listening": [29510]})[0]["variable"] == "launch_guard_port"
 
 
+def test_only_the_masters_taken_ports_fail():
+    # Every node's probe reads both ports; a worker's own listeners are no one's business.
+    worker = {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-1"}
+    assert _checks(reading={"missing": [], "listening": [29500, 29510]}, table=worker) == []
+    taken = _checks(reading={"missing": [], "listening": [29500, 29510]})
+    assert [c["variable"] for c in taken] == ["launch_master_port", "launch_guard_port"]
+
+
 def test_a_container_node_without_the_image_names_launch_image():
     failed = _checks(bare=False, runtime="torchfleet/train:x", ready=False)
     assert failed[0]["variable"] == "launch_image" and "torchfleet/train:x is not on this node" in failed[0]["msg"]
@@ -115,7 +134,7 @@ def test_a_plan_fails_only_on_missing_paths_and_a_replace_skips_the_running_job_
 
 
 def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
-    table = {"master_port": 29500, "master_addr": "10.0.0.1"}
+    table = {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-1"}
     ok = {"launch__input": {"settings": {"python": "/venv/bin/python"}},
           "launch__node_state": {"python_ok": True, "missing": [], "listening": [], "running_runs": []}}
     bad = {"launch__input": {"settings": {"python": "/other/python", "extra_devices": ["/dev/fuse"]}},

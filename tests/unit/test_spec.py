@@ -855,15 +855,15 @@ def test_node_entry_takes_the_interface_to_the_master_and_the_first_ranks_addres
     table = {"master_addr": "10.0.0.1", "master_host": "a", "ranks": [
         {"rank": 0, "host": "a", "address": "10.0.0.1"}, {"rank": 1, "host": "b", "address": "10.0.0.2"}]}
     ip_addr = [{"ifname": "eth1", "addr_info": [{"local": "10.0.0.2", "prefixlen": 24}]}]
-    route = [{"dst": "10.0.0.1", "dev": "eth1"}]
+    routes = [{"dst": "10.0.0.0/24", "dev": "eth1"}]
     checked = {"settings": {"python": "p"}, "env_public": {}, "env_shown": {}}
-    b = spec.node_entry("b", table, "process", {"nproc": "8", "ip_addr": ip_addr}, route, checked, None)
+    b = spec.node_entry("b", table, "process", {"nproc": "8", "ip_addr": ip_addr, "routes": routes}, checked, None)
     assert (b["address"], b["interface"], b["nproc"], b["pinning"], b["mpi_network"]) == ("10.0.0.2", "eth1", 8, [], "")
     a_addr = [{"ifname": "eth0", "addr_info": [{"local": "10.0.0.1", "prefixlen": 24}]}]
-    a = spec.node_entry("a", table, "mpirun", {"nproc": 4, "ip_addr": a_addr}, [], checked, [{"cpuset": "0"}])
+    a = spec.node_entry("a", table, "mpirun", {"nproc": 4, "ip_addr": a_addr, "routes": []}, checked, [{"cpuset": "0"}])
     assert (a["interface"], a["mpi_network"], a["pinning"]) == ("eth0", "10.0.0.0/24", [{"cpuset": "0"}])
     with pytest.raises(InventoryError) as err:
-        spec.node_entry("b", table, "process", {"nproc": 1, "ip_addr": []}, [], checked, None)
+        spec.node_entry("b", table, "process", {"nproc": 1, "ip_addr": [], "routes": []}, checked, None)
     assert err.value.host == "b"
 
 

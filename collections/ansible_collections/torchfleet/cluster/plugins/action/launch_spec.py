@@ -18,7 +18,7 @@ module: launch_spec
 short_description: Build the launch spec of a job (torchfleet.spec)
 description:
   - Reads what each node's own tasks found (launch_input's C(launch__input), node_probe's
-    readings, cpu_pinning's plan) through hostvars, checks them together, and returns the
+    reading, cpu_pinning's plan) through hostvars, checks them together, and returns the
     spec every start task applies and the plan shows, each node's entry as I(nodes), and
     the files every node's run folder gets (spec.json, the guard) as I(common_files), and
     each host's units by phase (indexes into the spec's units) as I(unit_index).
@@ -81,6 +81,6 @@ class ActionModule(ActionBase):
 
 def _node(host, table, mode, hostvars):
     """What the spec needs of a node, from what its own tasks read: its checked input
-    (launch_input), its probes (node_probe) and its pinning (cpu_pinning)."""
-    return spec.node_entry(host, table, mode, hostvars["launch__node_facts"], hostvars["launch__node_state"]["route"],
-                           hostvars["launch__input"], hostvars.get("cpu_pinning_plan"))
+    (launch_input), its probe (node_probe) and its pinning (cpu_pinning)."""
+    return spec.node_entry(host, table, mode, hostvars["launch__node_state"], hostvars["launch__input"],
+                           hostvars.get("cpu_pinning_plan"))

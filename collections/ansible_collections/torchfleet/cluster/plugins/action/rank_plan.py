@@ -23,7 +23,7 @@ options:
     description:
       - Take each node's address from its overlay interface (launch_transport wireguard):
         the interface launch_input kept in C(launch__input), read in node_probe's C(ip_addr)
-        (C(launch__node_facts)). A node whose overlay is down fails, by name.
+        (C(launch__node_state)). A node whose overlay is down fails, by name.
       - Otherwise each node's address comes from its variables and facts
         (C(torchfleet_cluster_address), C(torchfleet_cluster_network), C(ansible_host)).
     type: bool
@@ -64,6 +64,6 @@ class ActionModule(ActionBase):
 
 
 def _overlay_address(name, hv):
-    if "launch__input" not in hv or "launch__node_facts" not in hv:
+    if "launch__input" not in hv or "launch__node_state" not in hv:
         raise InventoryError("has no overlay address: its checks failed (see above)", name, overlay.TRANSPORT_VAR)
-    return overlay.interface_address(name, hv["launch__input"]["overlay_interface"], hv["launch__node_facts"]["ip_addr"])
+    return overlay.interface_address(name, hv["launch__input"]["overlay_interface"], hv["launch__node_state"]["ip_addr"])

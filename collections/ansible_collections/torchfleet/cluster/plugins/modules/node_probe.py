@@ -16,23 +16,17 @@ module: node_probe
 short_description: One read-only look at a node for a launch
 description:
   - Every launch task costs the controller a process per node, so the launch reads what it
-    needs of a node in as few calls as it can. This one returns the node's usable CPUs and
-    addresses, and on request its route to an address, the paths it lacks, the ports that
-    listen, and the runs of a job whose bare-process ranks still run.
+    needs of a node in one call, before MASTER_ADDR is known. This one returns the node's
+    usable CPUs, addresses and routing tables (the controller looks up the route to
+    MASTER_ADDR in them), and on request the paths it lacks, the ports that listen, and
+    the runs of a job whose bare-process ranks still run.
 options:
-  addresses:
-    description: Return I(ip_addr); the call after the rank table has them already.
-    type: bool
-    default: true
   facts:
     description:
       - Also set C(ansible_all_ipv4_addresses) and C(ansible_default_ipv4) as the setup
         module would, from the same C(ip) output (the address on the route to 8.8.8.8).
     type: bool
     default: false
-  route_to:
-    description: An address whose route (C(ip -j route get)) comes back as I(route).
-    type: str
   python:
     description: An interpreter; I(python_ok) says whether it exists and runs.
     type: path
@@ -59,8 +53,11 @@ options:
 
 RETURN = r"""
 nproc: {description: The CPUs this node lets the probe use (as nproc counts them)., returned: always, type: int}
-ip_addr: {description: C(ip -j addr show)'s output., returned: with addresses or facts, type: str}
-route: {description: C(ip -j route get ROUTE_TO)'s output., returned: with route_to, type: str}
+ip_addr: {description: C(ip -j addr show)'s output., returned: always, type: str}
+routes:
+  description: Every IPv4 and IPv6 route of every table (C(ip -j route show table all)), for torchfleet.netif.route_device.
+  returned: always
+  type: list
 python_ok: {description: Whether I(python) is an executable file., returned: with python, type: bool}
 missing: {description: The I(paths) that do not exist., returned: always, type: list}
 listening: {description: The I(ports) that a socket listens on., returned: always, type: list}
@@ -88,6 +85,23 @@ def default_ipv4(route_json):
     if not routes:
         return {}
     return {"address": routes[0].get("prefsrc"), "interface": routes[0].get("dev")}
+
+
+def routable(route):
+    """Whether a route can carry MASTER_ADDR's traffic: broadcast and multicast entries cannot,
+    nor IPv6 link-local ones (a docker host has one per container), which only fill the result."""
+    return route.get("type", "unicast") not in ("broadcast", "multicast", "anycast") \
+        and not str(route.get("dst", "")).startswith("fe80:")
+
+
+def route_fields(route, family):
+    """What a route lookup needs of an ``ip -j route`` entry, with its address family (a
+    "default" destination is either's): the rest only fills the result."""
+    kept = {k: route[k] for k in ("dst", "type", "dev", "metric", "table") if k in route}
+    kept["family"] = family
+    if route.get("nexthops"):
+        kept["nexthops"] = [{"dev": hop["dev"]} for hop in route["nexthops"] if "dev" in hop]
+    return kept
 
 
 def ipv4_addresses(addr_json):
@@ -118,9 +132,7 @@ def _read(path):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "addresses": {"type": "bool", "default": True},
             "facts": {"type": "bool", "default": False},
-            "route_to": {"type": "str"},
             "python": {"type": "path"},
             "paths": {"type": "list", "elements": "path", "default": []},
             "ports": {"type": "list", "elements": "int", "default": []},
@@ -135,15 +147,17 @@ def main():
               "missing": [path for path in p["paths"] if not os.path.exists(path)], "listening": []}
     if p["ports"]:
         result["listening"] = sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))
-    if p["addresses"] or p["facts"]:
-        _, addr, _ = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
-        result["ip_addr"] = addr
+    _, addr, _ = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
+    result["ip_addr"] = addr
+    result["routes"] = []
+    for family in (4, 6):
+        # A node without IPv6 has no table to show: that family has no routes, not an error.
+        rc, out, _ = module.run_command(["ip", "-j", f"-{family}", "route", "show", "table", "all"])
+        result["routes"] += [route_fields(r, family) for r in json.loads(out or "[]") if routable(r)] if rc == 0 else []
     if p["facts"]:
         rc, out, _ = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
         result["ansible_facts"] = {"ansible_all_ipv4_addresses": ipv4_addresses(addr),
                                    "ansible_default_ipv4": default_ipv4(out) if rc == 0 else {}}
-    if p["route_to"]:
-        _, result["route"], _ = module.run_command(["ip", "-j", "route", "get", p["route_to"]], check_rc=True)
     if p["python"]:
         result["python_ok"] = os.path.isfile(p["python"]) and os.access(p["python"], os.X_OK)
     if p["checksum"]:
