@@ -1,6 +1,8 @@
 """The Python API against real docker hosts: plan, provision, launch, logs, down."""
 
+import hashlib
 import ipaddress
+import os
 
 import pytest
 
@@ -163,3 +165,11 @@ def test_a_workload_folder_is_mirrored_to_every_node(provisioned, tmp_path):
     (folder / "scratch" / "big.bin").write_text("changed, but ignored")
     assert cluster.launch(job).ok
     assert node_sh("node-2", "stat -c %Y /var/lib/torchfleet/workloads/mirror.tar") == copied
+
+    # Over 1 MiB the tar goes ahead of the call instead of inside it: the same folder lands.
+    blob = os.urandom(3 << 19)
+    (folder / "weights.bin").write_bytes(blob)
+    assert cluster.launch(job).ok
+    assert node_sh("node-2", listing).split() == ["./pkg/__init__.py", "./pkg/helper.py", "./pkg/train.py", "./weights.bin"]
+    assert node_sh("node-1", "sha256sum /var/lib/torchfleet/workloads/mirror/weights.bin").split()[0] == \
+        hashlib.sha256(blob).hexdigest()

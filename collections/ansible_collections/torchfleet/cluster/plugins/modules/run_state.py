@@ -7,9 +7,12 @@ import glob
 import json
 import os
 import shutil
+import tarfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
 
 DOCUMENTATION = r"""
 module: run_state
@@ -22,12 +25,23 @@ description:
     everywhere, each unit recording I(reason).
   - With I(state=present) it removes the oldest finished run folders beyond I(keep), then
     creates the run's folder and writes I(files) into it, each whole (a temporary file, then
-    a rename): one call where a start would otherwise spend a task per file.
+    a rename): one call where a start would otherwise spend a task per file. With
+    I(workload), the job's workload folder is first replaced whole from its tar.
+  - The run_state action sends the workload's tar with the call, or ahead of it when it is
+    large; I(files) and I(workload) are left out of the result's C(invocation), which would
+    otherwise bring every node's copy of the spec and the guard back to the controller.
 options:
   node_dir: {description: torchfleet's folder on the node (launch_node_dir)., type: path, required: true}
   run_id: {description: One run; every run when unset., type: str}
   state: {description: What to do., type: str, choices: [info, stopped, present], default: info}
   files: {description: With I(state=present), file name to content; names have no folder part., type: dict, default: {}}
+  workload:
+    description:
+      - With I(state=present), the workload to install first, as the run_state action passes
+        it; C(dest) (its folder), C(keep) (where its tar is kept), and the tar as C(data)
+        (base64) or C(src) (a path on the node).
+      - On the controller (the action) it is C(archive), C(dest), C(keep) and C(inline_max).
+    type: dict
   owner: {description: With I(state=present), the uid that owns the run's folder., type: int}
   group: {description: With I(state=present), the gid that owns the run's folder., type: int}
   reason: {description: With I(state=stopped), why; each stopped unit records it., type: str}
@@ -136,6 +150,7 @@ def main():
             "run_id": {"type": "str"},
             "state": {"type": "str", "choices": ["info", "stopped", "present"], "default": "info"},
             "files": {"type": "dict", "default": {}},
+            "workload": {"type": "dict"},
             "owner": {"type": "int"},
             "group": {"type": "int"},
             "reason": {"type": "str"},
@@ -147,6 +162,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    invocation = {"module_args": {k: v for k, v in p.items() if k not in ("files", "workload")}}
     runs_dir = os.path.join(p["node_dir"], "runs")
     if p["state"] == "present":
         bad = [name for name in p["files"] if not name or os.path.basename(name) != name or name in (".", "..")]
@@ -156,7 +172,13 @@ def main():
         runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*")))
                 if os.path.isdir(d) and d != run_dir]
         if module.check_mode:
-            module.exit_json(changed=not os.path.isdir(run_dir))
+            module.exit_json(changed=not os.path.isdir(run_dir) or bool(p["workload"]), invocation=invocation)
+        if p["workload"]:
+            try:
+                install(p["workload"])
+            except (OSError, ValueError, tarfile.TarError, KeyError) as exc:
+                module.fail_json(msg=f"cannot unpack the workload into {p['workload'].get('dest')}: {exc}",
+                                 invocation=invocation)
         removed = prune(runs_dir, runs, p["keep"])
         created = not os.path.isdir(run_dir)
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
@@ -167,7 +189,8 @@ def main():
                 os.chown(run_dir, -1 if p["owner"] is None else p["owner"], -1 if p["group"] is None else p["group"])
                 created = True
         written = write_files(run_dir, {k: str(v) for k, v in p["files"].items()})
-        module.exit_json(changed=bool(created or written or removed), removed=removed, written=written)
+        module.exit_json(changed=bool(created or written or removed or p["workload"]), removed=removed,
+                         written=written, workload=(p["workload"] or {}).get("dest"), invocation=invocation)
     if p["run_id"]:
         run_dir = os.path.join(runs_dir, p["run_id"])
         if not os.path.isdir(run_dir):
