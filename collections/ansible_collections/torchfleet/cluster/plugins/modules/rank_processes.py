@@ -12,6 +12,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare
 
 DOCUMENTATION = r"""
 module: rank_processes
@@ -24,6 +25,9 @@ description:
   - With I(state=status) it reports each one's state, exit code and last log line, in the
     shape rank_containers uses, so wait_ranks and job_report treat both alike.
   - With I(state=absent) it kills what still runs (the whole process group or unit).
+  - With I(run), I(state=started) first makes the run's folder as run_state's
+    I(state=present) does (the workload, pruning, the files), so that a process-mode
+    node's start is one call. I(run)'s files and workload stay out of the result.
 options:
   run_dir:
     description: The run's folder on the node; with I(state=absent), every run under it when I(recurse).
@@ -39,6 +43,11 @@ options:
     type: list
     elements: dict
     default: []
+  run:
+    description:
+      - For I(state=started), the run's folder to make first; run_state's options
+        C(node_dir), C(run_id), C(files), C(keep), C(owner), C(group) and C(workload).
+    type: dict
   secret_env:
     description:
       - For I(state=started), environment every process gets that must not show on a command
@@ -148,6 +157,7 @@ def main():
             "run_dir": {"type": "path", "required": True},
             "state": {"type": "str", "choices": ["started", "status", "absent"], "default": "status"},
             "ranks": {"type": "list", "elements": "dict", "default": []},
+            "run": {"type": "dict"},
             "secret_env": {"type": "dict", "default": {}, "no_log": True},
             "recurse": {"type": "bool", "default": False},
             "job": {"type": "str"},
@@ -159,10 +169,20 @@ def main():
     )
     run_dir, state = module.params["run_dir"], module.params["state"]
     if state == "started":
+        run = module.params["run"]
+        if run:
+            shown = {k: v for k, v in module.params.items() if k not in ("run", "secret_env")}
+            invocation = {"module_args": dict(shown, run={k: v for k, v in run.items() if k not in ("files", "workload")})}
+            try:
+                prepare(run["node_dir"], run["run_id"], run.get("files") or {}, int(run.get("keep", 10)),
+                        run.get("owner"), run.get("group"), run.get("workload"))
+            except (PrepareError, KeyError, ValueError) as exc:
+                module.fail_json(msg=f"cannot make the run's folder: {exc}", invocation=invocation)
         os.makedirs(run_dir, exist_ok=True)
         for entry in module.params["ranks"]:
             start(module, run_dir, entry, module.params["secret_env"])
-        module.exit_json(changed=True, containers=find(module, run_dir))
+        module.exit_json(changed=True, containers=find(module, run_dir),
+                         **({"invocation": invocation} if run else {}))
 
     if not os.path.isdir(run_dir):
         module.exit_json(changed=False, containers=[])

@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
-import shutil
-import tarfile
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, read_run
 
 DOCUMENTATION = r"""
 module: run_state
@@ -50,97 +46,12 @@ options:
   spec: {description: With I(run_id), also return the run's spec.json., type: bool, default: false}
 """
 
-FINAL = ("exited", "stopped")
-
-
-def _json(path):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _tail(path, lines):
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 16384))
-            return fh.read().decode(errors="replace").rstrip("\n").splitlines()[-lines:]
-    except OSError:
-        return []
-
-
-def read_run(run_dir, tail_lines=0, with_spec=False):
-    config = _json(os.path.join(run_dir, "guard.json")) or {}
-    units = {}
-    for path in glob.glob(os.path.join(run_dir, "guard-*.json")):
-        state = _json(path)
-        if state is not None:
-            units[int(state["unit"])] = state
-    job_path = os.path.join(run_dir, "job.json")
-    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": _json(job_path),
-            # The store's host rewrites job.json every poll; an old one means that guard is gone.
-            "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
-            "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, "stop")),
-            "started": os.path.getmtime(run_dir)}
-    info["state"] = summarize(info)
-    if with_spec:
-        info["spec"] = _json(os.path.join(run_dir, "spec.json"))
-    if tail_lines:
-        info["logs"] = {os.path.basename(p): _tail(p, tail_lines) for p in sorted(glob.glob(os.path.join(run_dir, "*.log")))}
-    return info
-
-
-def summarize(info):
-    """The run's state as this node sees it: the master's job.json where there is one."""
-    job = info["job_state"]
-    if job:
-        return job["state"]
-    states = [u["state"] for u in info["units"]]
-    if not states:
-        return "unknown"
-    if any(s not in FINAL for s in states):
-        return "running"
-    if any(u.get("abort") for u in info["units"]):
-        return "failed"
-    return "exited"
-
 
 def request_stop(run_dir, reason):
     stop_file = os.path.join(run_dir, "stop")
     with open(stop_file + ".tmp", "w") as fh:
         fh.write((reason or "stopped on request (torchfleet stop)") + "\n")
     os.replace(stop_file + ".tmp", stop_file)
-
-
-def prune(runs_dir, runs, keep):
-    finished = [r for r in runs if r["state"] != "running"]
-    # Run ids begin with their UTC start time, so name order is age order.
-    doomed = finished[: max(0, len(finished) - max(keep, 0))]
-    for r in doomed:
-        shutil.rmtree(os.path.join(runs_dir, r["run_id"]), ignore_errors=True)
-    return [r["run_id"] for r in doomed]
-
-
-def write_files(run_dir, files):
-    """Write each file whole; return the names whose content changed."""
-    changed = []
-    for name, content in files.items():
-        path = os.path.join(run_dir, name)
-        data = content.encode()
-        try:
-            with open(path, "rb") as fh:
-                if fh.read() == data:
-                    continue
-        except OSError:
-            pass
-        with open(path + ".tmp", "wb") as fh:
-            fh.write(data)
-        os.chmod(path + ".tmp", 0o644)
-        os.replace(path + ".tmp", path)
-        changed.append(name)
-    return changed
 
 
 def main():
@@ -165,32 +76,12 @@ def main():
     invocation = {"module_args": {k: v for k, v in p.items() if k not in ("files", "workload")}}
     runs_dir = os.path.join(p["node_dir"], "runs")
     if p["state"] == "present":
-        bad = [name for name in p["files"] if not name or os.path.basename(name) != name or name in (".", "..")]
-        if bad:
-            module.fail_json(msg=f"files: {', '.join(map(repr, bad))} must be plain file names")
-        run_dir = os.path.join(runs_dir, p["run_id"])
-        runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*")))
-                if os.path.isdir(d) and d != run_dir]
-        if module.check_mode:
-            module.exit_json(changed=not os.path.isdir(run_dir) or bool(p["workload"]), invocation=invocation)
-        if p["workload"]:
-            try:
-                install(p["workload"])
-            except (OSError, ValueError, tarfile.TarError, KeyError) as exc:
-                module.fail_json(msg=f"cannot unpack the workload into {p['workload'].get('dest')}: {exc}",
-                                 invocation=invocation)
-        removed = prune(runs_dir, runs, p["keep"])
-        created = not os.path.isdir(run_dir)
-        os.makedirs(run_dir, mode=0o755, exist_ok=True)
-        if p["owner"] is not None or p["group"] is not None:
-            stat = os.stat(run_dir)
-            if (stat.st_uid, stat.st_gid) != (p["owner"] if p["owner"] is not None else stat.st_uid,
-                                              p["group"] if p["group"] is not None else stat.st_gid):
-                os.chown(run_dir, -1 if p["owner"] is None else p["owner"], -1 if p["group"] is None else p["group"])
-                created = True
-        written = write_files(run_dir, {k: str(v) for k, v in p["files"].items()})
-        module.exit_json(changed=bool(created or written or removed or p["workload"]), removed=removed,
-                         written=written, workload=(p["workload"] or {}).get("dest"), invocation=invocation)
+        try:
+            done = prepare(p["node_dir"], p["run_id"], p["files"], p["keep"], p["owner"], p["group"], p["workload"],
+                           check=module.check_mode)
+        except PrepareError as exc:
+            module.fail_json(msg=str(exc), invocation=invocation)
+        module.exit_json(**done, invocation=invocation)
     if p["run_id"]:
         run_dir = os.path.join(runs_dir, p["run_id"])
         if not os.path.isdir(run_dir):

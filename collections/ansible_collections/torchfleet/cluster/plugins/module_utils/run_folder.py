@@ -1,0 +1,137 @@
+"""Node-side: a run's folder on a node, as its guards leave it, and its making at a start.
+
+Shared by run_state, which reads, stops and makes run folders, and rank_processes, which
+makes a process-mode node's folder in the same call that starts its units.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tarfile
+import time
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
+
+
+class PrepareError(Exception):
+    """A run folder that cannot be made as asked (its message says why)."""
+
+
+FINAL = ("exited", "stopped")
+
+
+def _json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path, lines):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16384))
+            return fh.read().decode(errors="replace").rstrip("\n").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def read_run(run_dir, tail_lines=0, with_spec=False):
+    config = _json(os.path.join(run_dir, "guard.json")) or {}
+    units = {}
+    for path in glob.glob(os.path.join(run_dir, "guard-*.json")):
+        state = _json(path)
+        if state is not None:
+            units[int(state["unit"])] = state
+    job_path = os.path.join(run_dir, "job.json")
+    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": _json(job_path),
+            # The store's host rewrites job.json every poll; an old one means that guard is gone.
+            "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
+            "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, "stop")),
+            "started": os.path.getmtime(run_dir)}
+    info["state"] = summarize(info)
+    if with_spec:
+        info["spec"] = _json(os.path.join(run_dir, "spec.json"))
+    if tail_lines:
+        info["logs"] = {os.path.basename(p): _tail(p, tail_lines) for p in sorted(glob.glob(os.path.join(run_dir, "*.log")))}
+    return info
+
+
+def summarize(info):
+    """The run's state as this node sees it: the master's job.json where there is one."""
+    job = info["job_state"]
+    if job:
+        return job["state"]
+    states = [u["state"] for u in info["units"]]
+    if not states:
+        return "unknown"
+    if any(s not in FINAL for s in states):
+        return "running"
+    if any(u.get("abort") for u in info["units"]):
+        return "failed"
+    return "exited"
+
+
+def prune(runs_dir, runs, keep):
+    finished = [r for r in runs if r["state"] != "running"]
+    # Run ids begin with their UTC start time, so name order is age order.
+    doomed = finished[: max(0, len(finished) - max(keep, 0))]
+    for r in doomed:
+        shutil.rmtree(os.path.join(runs_dir, r["run_id"]), ignore_errors=True)
+    return [r["run_id"] for r in doomed]
+
+
+def write_files(run_dir, files):
+    """Write each file whole; return the names whose content changed."""
+    changed = []
+    for name, content in files.items():
+        path = os.path.join(run_dir, name)
+        data = content.encode()
+        try:
+            with open(path, "rb") as fh:
+                if fh.read() == data:
+                    continue
+        except OSError:
+            pass
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(data)
+        os.chmod(path + ".tmp", 0o644)
+        os.replace(path + ".tmp", path)
+        changed.append(name)
+    return changed
+
+
+def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=None, check=False):
+    """Make the run's folder: the workload first when one is given (its folder replaced
+    whole), then the oldest finished runs beyond ``keep`` pruned, the folder created and
+    ``files`` written into it, each whole. Returns the result's fields."""
+    bad = [name for name in files if not name or os.path.basename(name) != name or name in (".", "..")]
+    if bad:
+        raise PrepareError(f"files: {', '.join(map(repr, bad))} must be plain file names")
+    runs_dir = os.path.join(node_dir, "runs")
+    run_dir = os.path.join(runs_dir, run_id)
+    if check:
+        return {"changed": not os.path.isdir(run_dir) or bool(workload)}
+    if workload:
+        try:
+            install(workload)
+        except (OSError, ValueError, tarfile.TarError, KeyError) as exc:
+            raise PrepareError(f"cannot unpack the workload into {workload.get('dest')}: {exc}") from exc
+    runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d) and d != run_dir]
+    removed = prune(runs_dir, runs, keep)
+    created = not os.path.isdir(run_dir)
+    os.makedirs(run_dir, mode=0o755, exist_ok=True)
+    if owner is not None or group is not None:
+        stat = os.stat(run_dir)
+        if (stat.st_uid, stat.st_gid) != (owner if owner is not None else stat.st_uid,
+                                          group if group is not None else stat.st_gid):
+            os.chown(run_dir, -1 if owner is None else owner, -1 if group is None else group)
+            created = True
+    written = write_files(run_dir, {k: str(v) for k, v in files.items()})
+    return {"changed": bool(created or written or removed or workload), "removed": removed, "written": written,
+            "workload": (workload or {}).get("dest")}

@@ -1,0 +1,55 @@
+"""A node's run folders (module_utils.run_folder): a start makes one in one call and prunes old runs."""
+
+import json
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_folder
+
+
+def _run(runs_dir, run_id, state):
+    run_dir = runs_dir / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "guard-0.json").write_text(json.dumps({"unit": 0, "state": state}))
+
+
+def test_files_are_written_whole_and_only_when_their_content_changes(tmp_path):
+    assert run_folder.write_files(str(tmp_path), {"spec.json": "{}\n", "guard.py": "pass\n"}) == ["spec.json", "guard.py"]
+    assert (tmp_path / "spec.json").read_text() == "{}\n"
+    assert oct((tmp_path / "guard.py").stat().st_mode & 0o777) == "0o644"
+    assert run_folder.write_files(str(tmp_path), {"spec.json": "{}\n", "guard.py": "print()\n"}) == ["guard.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["guard.py", "spec.json"]  # no temporary left
+
+
+def test_pruning_keeps_the_newest_finished_runs_and_every_running_one(tmp_path):
+    for run_id in ("20261101-000000-a", "20261102-000000-b", "20261103-000000-c"):
+        _run(tmp_path, run_id, "exited")
+    _run(tmp_path, "20261100-000000-old-but-running", "running")
+    runs = [run_folder.read_run(str(d)) for d in sorted(tmp_path.iterdir())]
+    assert run_folder.prune(str(tmp_path), runs, 1) == ["20261101-000000-a", "20261102-000000-b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["20261100-000000-old-but-running", "20261103-000000-c"]
+
+
+def test_prepare_installs_the_workload_prunes_and_writes_and_refuses_folder_names(tmp_path):
+    import base64
+    import io
+    import tarfile
+
+    import pytest
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("train.py")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    node = tmp_path / "node"
+    for run_id in ("20261101-000000-a", "20261102-000000-b"):
+        _run(node / "runs", run_id, "exited")
+    workload = {"dest": str(node / "workloads" / "j"), "keep": str(node / "workloads" / "j.tar"),
+                "data": base64.b64encode(buf.getvalue()).decode()}
+    done = run_folder.prepare(str(node), "20261103-000000-c", {"spec.json": "{}"}, keep=1, workload=workload)
+    assert done["changed"] and done["removed"] == ["20261101-000000-a"] and done["written"] == ["spec.json"]
+    assert (node / "workloads" / "j" / "train.py").read_bytes() == b"ok"
+    assert (node / "runs" / "20261103-000000-c" / "spec.json").read_text() == "{}"
+    # The same call again changes nothing.
+    assert run_folder.prepare(str(node), "20261103-000000-c", {"spec.json": "{}"}, keep=1)["changed"] is False
+    with pytest.raises(run_folder.PrepareError, match="must be plain file names"):
+        run_folder.prepare(str(node), "20261103-000000-c", {"../x": ""})
