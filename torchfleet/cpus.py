@@ -12,7 +12,7 @@ its CPUs and that the node's cgroup allows.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from torchfleet.errors import InventoryError
 
@@ -294,3 +294,37 @@ def check_explicit(
             }
         )
     return plan
+
+
+# The cpu_pinning role's variables (roles/cpu_pinning/defaults says what each means), as
+# the launch and the role's cpu_plan both read them.
+PINNING_VARIABLES = ("cpu_pinning_enabled", "cpu_pinning_use_hyperthreads", "cpu_pinning_cores_per_rank",
+                     "cpu_pinning_reserved_cpus", "cpu_pinning_cpusets")
+
+
+def settings(values: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """A node's pinning settings from its (templated, type-checked) cpu_pinning variables;
+    a negative core count is refused, naming the host."""
+    cores = int(values.get("cpu_pinning_cores_per_rank") or 0)
+    if cores < 0:
+        raise InventoryError(f"cpu_pinning_cores_per_rank={cores} must be 0 (split the cores evenly) or more",
+                             host, "cpu_pinning_cores_per_rank")
+    return {"enabled": bool(values.get("cpu_pinning_enabled", True)),
+            "use_hyperthreads": bool(values.get("cpu_pinning_use_hyperthreads")), "cores_per_rank": cores,
+            "reserved": str(values.get("cpu_pinning_reserved_cpus") or ""),
+            "cpusets": [str(c) for c in values.get("cpu_pinning_cpusets") or []]}
+
+
+def plan(host: str, topology: Mapping[str, Any], ranks: int, pinning: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each local rank's cpuset, memory nodes and threads, from a node's readings
+    (``topology``: lscpu's table, its allowed CPUs and memory nodes) and its ``settings``;
+    empty when pinning is off."""
+    if not pinning.get("enabled", True):
+        return []
+    table = parse_lscpu(topology["lscpu"])
+    limits = {"allowed": topology.get("allowed"), "memory_nodes": topology.get("memory_nodes"),
+              "mems_allowed": topology.get("mems_allowed")}
+    if pinning.get("cpusets"):
+        return check_explicit(host, table, list(pinning["cpusets"]), ranks, reserved=pinning.get("reserved"), **limits)
+    return allocate(host, table, ranks, cores_per_rank=pinning.get("cores_per_rank") or None,
+                    use_hyperthreads=bool(pinning.get("use_hyperthreads")), reserved=pinning.get("reserved"), **limits)

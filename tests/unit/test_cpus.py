@@ -285,3 +285,30 @@ def test_one_rank_stays_in_the_smallest_unit_that_fits(name):
         spans_sockets = len(where(topology, cpuset, "socket"))
         assert spans_nodes == -(-k // per_node), f"{k} cores span as few NUMA nodes as possible"
         assert spans_sockets == -(-k // per_socket), f"{k} cores span as few sockets as possible"
+
+
+def test_settings_read_the_role_variables_and_refuse_a_negative_core_count():
+    from torchfleet.cpus import settings
+
+    assert settings({"cpu_pinning_enabled": False}, "n1")["enabled"] is False
+    got = settings({"cpu_pinning_enabled": True, "cpu_pinning_cores_per_rank": 2, "cpu_pinning_reserved_cpus": "0",
+                    "cpu_pinning_cpusets": ["1-2"], "cpu_pinning_use_hyperthreads": True}, "n1")
+    assert got == {"enabled": True, "use_hyperthreads": True, "cores_per_rank": 2, "reserved": "0", "cpusets": ["1-2"]}
+    with pytest.raises(InventoryError) as err:
+        settings({"cpu_pinning_cores_per_rank": -1}, "n3")
+    assert (err.value.host, err.value.variable) == ("n3", "cpu_pinning_cores_per_rank")
+
+
+def test_plan_from_a_nodes_reading_splits_evenly_takes_explicit_sets_or_pins_nothing():
+    from torchfleet.cpus import plan, settings
+
+    reading = {"lscpu": (FIXTURES / "lscpu-intel-2s-ht.txt").read_text(), "allowed": list(range(16)),
+               "memory_nodes": "0-1", "mems_allowed": "0-1"}
+    on = settings({"cpu_pinning_enabled": True}, "n1")
+    # Two ranks split the 8 cores, one socket (and its memory node) each, hyper-threads left out.
+    assert sets(plan("n1", reading, 2, on)) == [("0-3", "0", 4), ("4-7", "1", 4)]
+    explicit = settings({"cpu_pinning_cpusets": ["0", "1"]}, "n1")
+    assert [p["cpuset"] for p in plan("n1", reading, 2, explicit)] == ["0", "1"]
+    assert plan("n1", {}, 2, settings({"cpu_pinning_enabled": False}, "n1")) == []
+    with pytest.raises(InventoryError, match="has 2 entries for 3 ranks"):
+        plan("n1", reading, 3, explicit)

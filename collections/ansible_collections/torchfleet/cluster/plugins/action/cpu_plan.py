@@ -37,17 +37,10 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = core.validate_args(self, ARGS)
         host = task_vars["inventory_hostname"]
-        topology = args["topology"]
-        limits = {"allowed": topology.get("allowed"), "memory_nodes": topology.get("memory_nodes"),
-                  "mems_allowed": topology.get("mems_allowed")}
+        pinning = {"enabled": True, "use_hyperthreads": args["use_hyperthreads"], "cores_per_rank": args["cores_per_rank"],
+                   "reserved": args["reserved"], "cpusets": args["cpusets"]}
         try:
-            table = cpus.parse_lscpu(topology["lscpu"])
-            if args["cpusets"]:
-                plan = cpus.check_explicit(host, table, args["cpusets"], args["ranks"], reserved=args["reserved"],
-                                           **limits)
-            else:
-                plan = cpus.allocate(host, table, args["ranks"], cores_per_rank=args["cores_per_rank"] or None,
-                                     use_hyperthreads=args["use_hyperthreads"], reserved=args["reserved"], **limits)
+            plan = cpus.plan(host, args["topology"], args["ranks"], pinning)
         except InventoryError as exc:
             return core.fail_input(result, exc)
         result.update(changed=False, plan=plan)

@@ -1,9 +1,12 @@
 """Check a node's launch input and keep what the launch spec needs of it, in one call."""
 
+import os
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import spec
+from torchfleet import cpus, spec
 from torchfleet.errors import InventoryError
 
 DOCUMENTATION = r"""
@@ -14,12 +17,18 @@ description:
     what argument_specs cannot: the numbers' ranges and the names of the secret
     environment. A failure returns C(torchfleet_error) with the host and the variable,
     every failure in one message.
-  - Sets the fact C(launch__input) (settings, env_public, env_shown, has_secrets), which
-    launch_spec reads through hostvars. Secret values never enter it.
+  - Reads the host's cpu_pinning variables too, with the cpu_pinning role's own defaults and
+    argument spec (I(pinning_role)): the launch plans the pinning from node_probe's reading
+    (torchfleet.cpus.plan) rather than running that role's tasks on every node.
+  - Sets the fact C(launch__input) (settings, env_public, env_shown, has_secrets, pinning),
+    which launch_spec reads through hostvars. Secret values never enter it.
   - The checks and settings are Python, not Jinja: Ansible compiles every expression again
     in every node's worker, which made this the launch's costliest task per node.
-options: {}
+options:
+  pinning_role: {description: The cpu_pinning role's folder (its defaults and argument spec)., type: path, required: true}
 """
+
+ARGS = {"pinning_role": {"type": "path", "required": True}}
 
 
 class ActionModule(ActionBase):
@@ -28,12 +37,27 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        core.validate_args(self, {})
+        args = core.validate_args(self, ARGS)
         host = task_vars["inventory_hostname"]
         values = self._templar.template({n: task_vars[n] for n in spec.INPUT_VARIABLES if n in task_vars})
         try:
             checked = spec.node_input(values, host)
+            checked["pinning"] = self._pinning(args["pinning_role"], task_vars, host)
         except InventoryError as exc:
             return core.fail_input(result, exc)
         result.update(changed=False, ansible_facts={"launch__input": checked})
         return result
+
+    def _pinning(self, role, task_vars, host):
+        """The host's cpu_pinning settings: its own variables, else the role's defaults
+        (templated with the host's variables, as the role would), type-checked against the
+        role's argument spec."""
+        defaults = self._loader.load_from_file(os.path.join(role, "defaults", "main.yml"), trusted_as_template=True)
+        options = self._loader.load_from_file(os.path.join(role, "meta", "argument_specs.yml"))
+        options = {n: o for n, o in options["argument_specs"]["main"]["options"].items() if n in cpus.PINNING_VARIABLES}
+        raw = {n: task_vars[n] if n in task_vars else defaults[n] for n in options}
+        checked = ArgumentSpecValidator(options).validate(self._templar.template(raw))
+        if checked.error_messages:
+            bad = next((n for n in options if n in checked.error_messages[0]), "cpu_pinning_enabled")
+            raise InventoryError("; ".join(checked.error_messages), host, bad)
+        return cpus.settings(checked.validated_parameters, host)

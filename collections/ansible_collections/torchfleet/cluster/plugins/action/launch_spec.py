@@ -8,7 +8,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import guard
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import lookalike, spec
+from torchfleet import cpus, lookalike, spec
 from torchfleet.errors import InventoryError
 
 display = Display()
@@ -18,13 +18,13 @@ module: launch_spec
 short_description: Build the launch spec of a job (torchfleet.spec)
 description:
   - Reads what each node's own tasks found (launch_input's C(launch__input), node_probe's
-    reading, cpu_pinning's plan) through hostvars, checks them together, and returns the
-    spec every start task applies and the plan shows, each node's entry as I(nodes), and
-    the files every node's run folder gets (spec.json, the guard) as I(common_files), and
-    each host's units by phase (indexes into the spec's units) as I(unit_index).
-    Fails with
-    C(torchfleet_error) (host, variable) on bad input. Warns about inventory variables that
-    look like torchfleet's but are not.
+    reading) through hostvars, plans each node's CPU pinning (torchfleet.cpus.plan),
+    checks them together, and returns the spec every start task applies and the plan
+    shows, each node's entry as I(nodes), the files every node's run folder gets
+    (spec.json, the guard) as I(common_files), and each host's units by phase (indexes
+    into the spec's units) as I(unit_index). Fails with C(torchfleet_error) (host,
+    variable) on bad input. Warns about inventory variables that look like torchfleet's
+    but are not.
 options:
   hosts: {description: The play's nodes., type: list, elements: str, required: true}
   group: {description: The launch group's hosts., type: list, elements: str, required: true}
@@ -81,6 +81,8 @@ class ActionModule(ActionBase):
 
 def _node(host, table, mode, hostvars):
     """What the spec needs of a node, from what its own tasks read: its checked input
-    (launch_input), its probe (node_probe) and its pinning (cpu_pinning)."""
-    return spec.node_entry(host, table, mode, hostvars["launch__node_state"], hostvars["launch__input"],
-                           hostvars.get("cpu_pinning_plan"))
+    (launch_input) and its probe (node_probe), with its pinning planned from both."""
+    probe, checked = hostvars["launch__node_state"], hostvars["launch__input"]
+    ranks = sum(1 for r in table["ranks"] if r["host"] == host)
+    pinning = cpus.plan(host, probe.get("topology") or {}, ranks, checked["pinning"])
+    return spec.node_entry(host, table, mode, probe, checked, pinning)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
 
 DOCUMENTATION = r"""
 module: cpu_topology
@@ -41,37 +41,10 @@ mems_allowed:
   type: str
 """
 
-NODE_DIR = "/sys/devices/system/node"
-
-
-def _read(path):
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def memory_nodes():
-    """Online nodes with memory: N_MEMORY lists only online ones; older kernels lack it."""
-    return _read(f"{NODE_DIR}/has_memory") if os.path.exists(f"{NODE_DIR}/has_memory") else _read(f"{NODE_DIR}/online")
-
-
-def mems_allowed():
-    text = _read("/proc/self/status") or ""
-    for line in text.splitlines():
-        if line.startswith("Mems_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    return None
-
 
 def main():
     module = AnsibleModule(argument_spec={}, supports_check_mode=True)
-    rc, out, err = module.run_command(["lscpu", "-p=CPU,CORE,SOCKET,NODE,ONLINE", "--all"])
-    if rc != 0:
-        module.fail_json(msg=f"lscpu failed: {err.strip()}")
-    module.exit_json(changed=False, lscpu=out, allowed=sorted(os.sched_getaffinity(0)),
-                     memory_nodes=memory_nodes(), mems_allowed=mems_allowed())
+    module.exit_json(changed=False, **topology(module))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
 from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find
 
 DOCUMENTATION = r"""
@@ -25,6 +26,10 @@ options:
     description:
       - Also set C(ansible_all_ipv4_addresses) and C(ansible_default_ipv4) as the setup
         module would, from the same C(ip) output (the address on the route to 8.8.8.8).
+    type: bool
+    default: false
+  topology:
+    description: Also return what CPU pinning needs (cpu_topology's readings) as I(topology).
     type: bool
     default: false
   python:
@@ -58,6 +63,7 @@ routes:
   description: Every IPv4 and IPv6 route of every table (C(ip -j route show table all)), for torchfleet.netif.route_device.
   returned: always
   type: list
+topology: {description: lscpu's table and the node's allowed CPUs and memory nodes, as cpu_topology returns them., returned: with topology, type: dict}
 python_ok: {description: Whether I(python) is an executable file., returned: with python, type: bool}
 missing: {description: The I(paths) that do not exist., returned: always, type: list}
 listening: {description: The I(ports) that a socket listens on., returned: always, type: list}
@@ -133,6 +139,7 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "facts": {"type": "bool", "default": False},
+            "topology": {"type": "bool", "default": False},
             "python": {"type": "path"},
             "paths": {"type": "list", "elements": "path", "default": []},
             "ports": {"type": "list", "elements": "int", "default": []},
@@ -158,6 +165,8 @@ def main():
         rc, out, _ = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
         result["ansible_facts"] = {"ansible_all_ipv4_addresses": ipv4_addresses(addr),
                                    "ansible_default_ipv4": default_ipv4(out) if rc == 0 else {}}
+    if p["topology"]:
+        result["topology"] = topology(module)
     if p["python"]:
         result["python_ok"] = os.path.isfile(p["python"]) and os.access(p["python"], os.X_OK)
     if p["checksum"]:
