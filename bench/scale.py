@@ -17,6 +17,10 @@ nothing heavy. For each size it measures:
   - a node lost (docker pause of the last node) until every other rank has stopped;
   - `stop` (Run.stop) until every rank has stopped.
 
+Last, at the largest size, Ansible's own floor on this machine: the CPU per node of a task
+every node skips and of a bare module run, so that the submit's figure can be read in
+module runs per node, whatever the machine's speed.
+
 Host keys are not pinned here (StrictHostKeyChecking=no): these throw-away nodes exist
 for this run only. Run from the repository root with the venv active:
 
@@ -180,6 +184,67 @@ def cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+# Ansible's own cost per node on this machine, for reading the launch's: one task that
+# every node skips, and one module run over SSH (connections already open), in a playbook
+# of nothing else. Machines differ: here a task's floor is what the launch cannot go below.
+FLOOR_PLAYBOOK = """
+- hosts: torchfleet_nodes
+  gather_facts: false
+  tasks:
+    - {name: open the connections, ansible.builtin.ping: {}}
+    - {name: a task every node skips, ansible.builtin.debug: {msg: x}, when: false}
+    - {name: a module run on every node, ansible.builtin.ping: {}}
+"""
+
+
+def ansible_floor(count: int, keys: Path, folder: Path) -> dict[str, float]:
+    """CPU seconds per node of a skipped task and of a module run, each timed by the
+    playbook's own task boundaries (a callback that reads this process group's CPU)."""
+    book = folder / "floor.yml"
+    book.write_text(FLOOR_PLAYBOOK)
+    (folder / "floor_cb").mkdir(exist_ok=True)
+    (folder / "floor_cb" / "task_cpu.py").write_text(TASK_CPU_CALLBACK)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_CALLBACK_PLUGINS=str(folder / "floor_cb"),
+               ANSIBLE_CALLBACKS_ENABLED="task_cpu", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.null")
+    done = subprocess.run(["ansible-playbook", "-i", str(inventory(count, keys, folder)), str(book)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    rows = dict(line.split("\t") for line in done.stdout.splitlines() if "\t" in line)
+    if done.returncode != 0 or len(rows) < 3:
+        sys.exit(f"the floor playbook failed: {done.stdout[-500:]} {done.stderr[-500:]}")
+    return {"skip_s": float(rows["a task every node skips"]) / count,
+            "module_s": float(rows["a module run on every node"]) / count}
+
+
+TASK_CPU_CALLBACK = '''
+import resource
+from ansible.plugins.callback import CallbackBase
+
+
+def _cpu():
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION, CALLBACK_TYPE, CALLBACK_NAME, CALLBACK_NEEDS_ENABLED = 2.0, "aggregate", "task_cpu", True
+
+    def __init__(self):
+        super().__init__()
+        self.task, self.start = None, 0.0
+
+    def _close(self):
+        if self.task:
+            print(f"{self.task}\\t{_cpu() - self.start:.4f}", flush=True)
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._close()
+        self.task, self.start = task.get_name(), _cpu()
+
+    def v2_playbook_on_stats(self, stats):
+        self._close()
+'''
+
+
 def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, float]:
     cluster = torchfleet.Cluster(inventory(count, keys, folder), runs_dir=folder / "runs", progress=False)
     out: dict[str, float] = {}
@@ -265,6 +330,7 @@ def main() -> None:
             for count in sizes:
                 results[count] = measure(count, keys, folder, workload)
                 print(f"  {count} nodes: " + ", ".join(f"{k} {v:.2f}" for k, v in results[count].items()), flush=True)
+            floor = ansible_floor(biggest, keys, folder)
         finally:
             remove_nodes(biggest)
     base = results[min(sizes)]
@@ -288,6 +354,10 @@ def main() -> None:
               f"{r['lost_to_stopped_s'] / base['lost_to_stopped_s']:>8.2f}x")
     print("goals: controller CPU per node <= 0.5 s; crash and loss at 48 nodes <= 1.5x the 3-node times; "
           "crash->stopped <= 5 s; lost->stopped <= 20 s")
+    top = results[biggest]
+    print(f"\nAnsible's own floor here at {biggest} nodes, CPU per node: a skipped task {floor['skip_s'] * 1000:.0f} ms, "
+          f"a module run {floor['module_s'] * 1000:.0f} ms; the submit costs "
+          f"{top['cpu_per_node_s'] / floor['module_s']:.1f} module runs per node")
 
 
 if __name__ == "__main__":
