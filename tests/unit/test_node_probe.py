@@ -150,3 +150,11 @@ def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
     failed = [c for c in filters.node_checks([image], ["node-3"], table, False, "img:1", "train") if not c["that"]]
     assert [(c["host"], c["variable"], c["kind"]) for c in failed] == [("node-3", "launch_job", "running")]
     assert "as run r7 on node-3" in failed[0]["msg"]
+
+
+def test_the_cpu_pinning_roles_checks_are_the_launchs_rules():
+    assert [c["that"] for c in filters.pinning_checks({"cpu_pinning_cores_per_rank": 0, "cpu_pinning_ranks": 2}, "n")] == [True]
+    bad = filters.pinning_checks({"cpu_pinning_cores_per_rank": -2, "cpu_pinning_ranks": 2}, "n")
+    assert bad == [{"that": False, "variable": "cpu_pinning_cores_per_rank",
+                    "msg": "cpu_pinning_cores_per_rank=-2 must be 0 (split the cores evenly) or more"}]
+    assert filters.pinning_checks({"cpu_pinning_ranks": 0}, "n")[0]["that"] is False

@@ -3,7 +3,7 @@
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import overlay, ranks, redact, spec
+from torchfleet import cpus, overlay, ranks, redact, spec
 from torchfleet.errors import InventoryError
 
 
@@ -21,6 +21,18 @@ def _wrap(func):
 def cluster_address(host_vars, host):
     """The address other nodes reach ``host`` on, from its variables and facts."""
     return ranks.cluster_address_of(host, host_vars)
+
+
+def pinning_checks(values, host):
+    """check_input's checks of the cpu_pinning role's input (``values``: its variables), by
+    the rules the launch applies too (torchfleet.cpus.settings)."""
+    try:
+        cpus.settings(values, host)
+    except InventoryError as exc:
+        return [{"that": False, "msg": str(exc).removeprefix(f"host {host}: "), "variable": exc.variable}]
+    ranks_ = values.get("cpu_pinning_ranks")
+    return [{"that": int(ranks_) >= 1, "variable": "cpu_pinning_ranks",
+             "msg": f"cpu_pinning_ranks={ranks_} must be 1 or more"}]
 
 
 def redact_url(text):
@@ -141,6 +153,7 @@ class FilterModule:
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
             "plan_lines": plan_lines,
+            "pinning_checks": pinning_checks,
             "taken_port_check": taken_port_check,
             "overlay_state": _wrap(overlay_state),
             "overlay_unreachable": _wrap(overlay_unreachable),
