@@ -95,8 +95,14 @@ class Faults:
         inner = self.ranks(node, running_only=True)
         if inner:
             self.node(node, "docker pause " + " ".join(inner))
-        subprocess.run(["docker", "pause", f"{NAME}-{node}"], check=True, capture_output=True)
-        return inner
+        # The cgroup freezer can fail on a busy machine ("unable to freeze"); it is tried
+        # again, as bench/scale.py does.
+        for _ in range(10):
+            done = subprocess.run(["docker", "pause", f"{NAME}-{node}"], capture_output=True, text=True)
+            if done.returncode == 0:
+                return inner
+            time.sleep(1)
+        raise AssertionError(f"docker pause {NAME}-{node} kept failing: {done.stderr.strip()}")
 
     def thaw(self, node, inner):
         subprocess.run(["docker", "unpause", f"{NAME}-{node}"], check=True, capture_output=True)
