@@ -790,13 +790,18 @@ def _processes_naming(folder: Path | None) -> list[int]:
     found = []
     if folder is None:
         return found
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    # Not Path.glob: it stats each match, and a process that ends in between raises
+    # ProcessLookupError, which it does not catch (seen on a busy machine).
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
         try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                text = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(folder) in text and int(cmdline.parent.name) != os.getpid():
-            found.append(int(cmdline.parent.name))
+        if str(folder) in text:
+            found.append(int(name))
     return found
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -203,3 +204,29 @@ def test_the_folder_name_says_which_process_made_it(project):
     cluster(proj)._run("look.yml", "look", {"token": "x"})
     folder = Path((out / "file.txt").read_text().strip()).parents[1].name
     assert re.fullmatch(rf"torchfleet-runner-{os.getpid()}-{api._process_start(os.getpid())}-\w+", folder)
+
+
+def test_processes_that_end_during_the_scan_do_not_break_it(tmp_path):
+    """The scan of /proc meets processes ending under it, as on a busy machine: it finds the
+    one process naming the folder, and raises nothing for those that went."""
+    folder = tmp_path / "torchfleet-runner-scan"
+    named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(folder)])
+    done = threading.Event()
+
+    def churn():
+        while not done.is_set():
+            subprocess.run(["true"])
+
+    workers = [threading.Thread(target=churn) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in range(50):
+            assert api._processes_naming(folder) == [named.pid]
+    finally:
+        done.set()
+        for worker in workers:
+            worker.join()
+        named.kill()
+        named.wait()
+    assert api._processes_naming(folder) == []
