@@ -52,8 +52,10 @@ stage "yamllint" yamllint --strict .
 stage "ansible-lint" ansible-lint
 stage "pytest unit" pytest -q -ra -m "not cluster and not faults" tests
 if ! $quick; then
-  # The training image and the node image are built once, before the lanes share them.
-  stage "images" ansible-playbook playbooks/local_cluster.yml -e local_cluster_nodes=0
+  # The training image and the node image are built once, before the lanes share them, and
+  # so is the engine data that the nodes of scenarios not testing the image's load start from.
+  stage "images" ansible-playbook playbooks/local_cluster.yml -e local_cluster_nodes=0 \
+    -e local_cluster_make_seed=true -e local_cluster_engine_seed="${TORCHFLEET_TEST_PREFIX:-molecule}-engine-seed"
   if [ -n "${SCENARIOS:-}" ]; then
     read -r -a first <<<"$SCENARIOS"
     second=()

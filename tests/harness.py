@@ -2,6 +2,7 @@
 (its own name and subnet, so the suite's lanes can run side by side), made and removed
 through the API, and a way into its nodes."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,10 @@ import pytest
 import torchfleet
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet")}
+# The nodes' engines start with the training image, from the seed that scripts/test.sh makes
+# (loading it is the molecule default and tls scenarios' test); without a seed, they load it.
+ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet"),
+       "TORCHFLEET_ENGINE_SEED": f"{os.environ.get('TORCHFLEET_TEST_PREFIX', 'molecule')}-engine-seed"}
 
 
 def mark_folder(items, conftest: str, marker: pytest.MarkDecorator) -> None:
