@@ -4,10 +4,10 @@
 #   ./scripts/test.sh --quick          linters and unit tests only
 #   SCENARIOS="tls mpirun" ./scripts/test.sh   only those scenarios (and no cluster pytest)
 #   SCENARIOS="pytest-faults" ./scripts/test.sh  only the fault matrix
-#   LANES=1 ./scripts/test.sh          the cluster stages one after another
-# The cluster stages mostly wait on docker and on training, so by default they run in two
-# lanes at once; each stage's output goes to .torchfleet/test-logs/<stage>.log and the
-# end of a failed stage's log is printed.
+#   LANES=1 ./scripts/test.sh          the cluster stages one after another (LANES=2: in two)
+# The cluster stages wait on docker, on training and on timeouts, so by default they run in
+# three lanes at once; each stage's output goes to .torchfleet/test-logs/<stage>.log and
+# the end of a failed stage's log is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -16,7 +16,7 @@ source .venv/bin/activate
 
 quick=false
 [ "${1:-}" = --quick ] && quick=true
-lanes=${LANES:-2}
+lanes=${LANES:-3}
 logs=.torchfleet/test-logs
 rm -rf "$logs" && mkdir -p "$logs"
 started=$SECONDS
@@ -48,34 +48,41 @@ lane() {
   done
 }
 
-stage "yamllint" yamllint --strict .
-stage "ansible-lint" ansible-lint
-stage "pytest unit" pytest -q -ra -m "not cluster and not faults" tests
-if ! $quick; then
+# The linters and unit tests, as one lane of their own.
+checks() {
+  stage "yamllint" yamllint --strict .
+  stage "ansible-lint" ansible-lint
+  stage "pytest unit" pytest -q -ra -m "not cluster and not faults" tests
+}
+
+pids=()
+if $quick; then
+  checks
+else
+  # The checks run beside the image build, which mostly waits on docker.
+  checks &
+  pids+=($!)
   # The training image and the node image are built once, before the lanes share them, and
   # so is the engine data that the nodes of scenarios not testing the image's load start from.
   stage "images" ansible-playbook playbooks/local_cluster.yml -e local_cluster_nodes=0 \
     -e local_cluster_make_seed=true -e local_cluster_engine_seed="${TORCHFLEET_TEST_PREFIX:-molecule}-engine-seed"
+  # Each lane's stages, one lane per line. Balanced by their wall times in minutes on a
+  # fresh clone of this 2-core machine (see README); each lane starts with a heavy converge.
   if [ -n "${SCENARIOS:-}" ]; then
-    read -r -a first <<<"$SCENARIOS"
-    second=()
+    plan=$SCENARIOS
+  elif [ "$lanes" -ge 3 ]; then
+    plan=$'mpirun image-pull tls\ndefault pytest-faults\nbare-metal pytest-cluster overlay'
   elif [ "$lanes" -ge 2 ]; then
-    # Balanced by their wall times on a fresh clone (minutes): 13 + 9.5 + 7 + 3
-    # against 13 + 4.5 + 12 (the fault matrix) + 1.5. Each lane starts with a heavy converge.
-    first=(default bare-metal pytest-cluster tls)
-    second=(mpirun overlay pytest-faults image-pull)
+    plan=$'default bare-metal pytest-cluster tls\nmpirun overlay pytest-faults image-pull'
   else
-    first=(default image-pull tls mpirun bare-metal overlay pytest-cluster pytest-faults)
-    second=()
+    plan="default image-pull tls mpirun bare-metal overlay pytest-cluster pytest-faults"
   fi
-  lane "${first[@]}" &
-  pids=($!)
-  if [ "${#second[@]}" -gt 0 ]; then
-    lane "${second[@]}" &
+  while read -r -a items; do
+    lane "${items[@]}" </dev/null &
     pids+=($!)
-  fi
-  for pid in "${pids[@]}"; do wait "$pid" || true; done
+  done <<<"$plan"
 fi
+for pid in "${pids[@]}"; do wait "$pid" || true; done
 
 failed=0
 printf '\n%-24s %9s  %s\n' stage wall result
