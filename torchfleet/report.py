@@ -139,6 +139,23 @@ def torchrun_finals(node: Mapping[str, Any], log: str, ranks: list[int]) -> list
     return launcher_finals(node, ranks, failed, others_stopped=bool(node))
 
 
+def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
+    """The files a node may hold of a run, as (name in its run folder, name in runs/RUN/):
+    its ranks' logs and checksums and its units' guard records; on the master the run's
+    state and rank 0's model; torchrun's and mpirun's own output where they ran."""
+    files = []
+    for rank in sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host):
+        files += [(f"rank-{rank}.log",) * 2, (f"checksum-rank-{rank}.txt",) * 2]
+    files += [(f"guard-{i}.json",) * 2 for i, unit in enumerate(spec["guard"]["units"]) if unit["host"] == host]
+    if spec["mode"] == "torchrun":
+        files.append(("torchrun.log", f"torchrun-{host}.log"))
+    if host == spec["master_host"]:
+        files += [("job.json",) * 2, ("model.pt",) * 2]
+        if spec["mode"] == "mpirun":
+            files.append(("mpirun.log",) * 2)
+    return files
+
+
 def guard_key(role: str | None, name: str | None, ranks: list[int] | int | None) -> tuple[str | None, int]:
     """A unit as both its guard and the node modules name it: its name (a container's, the
     same on every node for torchrun's agent) and its first rank (-1 for sshd and mpirun)."""

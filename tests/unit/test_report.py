@@ -1,6 +1,6 @@
 import json
 
-from torchfleet.report import choose_culprit, failure_message, format_table, parse_steps, summarize
+from torchfleet.report import choose_culprit, failure_message, format_table, parse_steps, run_files, summarize
 
 OK_LOG = """2026-11-22T03:46:10.166Z INFO     [rank {r}] Using distributed PyTorch with gloo backend
 2026-11-22T03:46:17.365Z INFO     [rank {r}] Train Epoch: 1 [0/10 (0%)]\tloss=2.2662
@@ -179,3 +179,30 @@ def test_a_job_that_writes_no_checksums_gets_no_checksum_verdict(tmp_path):
     (tmp_path / "checksum-rank-0.txt").write_text("abc")
     assert summarize("run5", table(2), [final(r, 0, "2026-11-22T03:46:20.5Z") for r in range(2)],
                      tmp_path)["checksums_equal"] is False
+
+
+def _spec(mode, units):
+    return {"mode": mode, "master_host": "node-1",
+            "ranks": [{"rank": 2, "host": "node-2"}, {"rank": 0, "host": "node-1"}, {"rank": 1, "host": "node-1"}],
+            "guard": {"units": [{"host": h} for h in units]}}
+
+
+def test_each_node_brings_its_own_ranks_and_guards_and_the_master_the_run_state_and_model():
+    spec = _spec("container", ["node-1", "node-1", "node-2"])
+    assert run_files(spec, "node-1") == [
+        ("rank-0.log", "rank-0.log"), ("checksum-rank-0.txt", "checksum-rank-0.txt"),
+        ("rank-1.log", "rank-1.log"), ("checksum-rank-1.txt", "checksum-rank-1.txt"),
+        ("guard-0.json", "guard-0.json"), ("guard-1.json", "guard-1.json"),
+        ("job.json", "job.json"), ("model.pt", "model.pt")]
+    assert run_files(spec, "node-2") == [
+        ("rank-2.log", "rank-2.log"), ("checksum-rank-2.txt", "checksum-rank-2.txt"), ("guard-2.json", "guard-2.json")]
+    assert run_files(spec, "node-3") == []
+
+
+def test_torchrun_output_is_named_after_its_node_and_mpirun_output_comes_from_the_master():
+    torchrun = _spec("torchrun", ["node-1", "node-2"])
+    assert ("torchrun.log", "torchrun-node-2.log") in run_files(torchrun, "node-2")
+    assert ("torchrun.log", "torchrun-node-1.log") in run_files(torchrun, "node-1")
+    mpirun = _spec("mpirun", ["node-2", "node-1"])
+    assert ("mpirun.log", "mpirun.log") in run_files(mpirun, "node-1")
+    assert not [f for f in run_files(mpirun, "node-2") if "mpirun" in f[0]]
