@@ -6,8 +6,9 @@
 #   SCENARIOS="pytest-faults" ./scripts/test.sh  only the fault matrix
 #   LANES=1 ./scripts/test.sh          the cluster stages one after another (LANES=3: in three)
 # The cluster stages wait on docker, on training and on timeouts, so by default they run in
-# two lanes at once (three were slower on two cores: 60 min against 53); each stage's output goes to .torchfleet/test-logs/<stage>.log and
-# the end of a failed stage's log is printed.
+# two lanes at once (in three, the two cores were shared so thinly that the default scenario
+# alone took 27 min against 18); each stage's output goes to .torchfleet/test-logs/<stage>.log
+# and the end of a failed stage's log is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
