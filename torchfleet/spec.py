@@ -213,8 +213,7 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
     mode = job["mode"]
     if mode not in MODES:
         raise InventoryError(f"launch_mode={mode!r} is not one of {', '.join(MODES)}", None, "launch_mode")
-    runtime = job.get("torchrun_runtime", "container") if mode == "torchrun" else (
-        "process" if mode == "process" else "container")
+    runtime = mode_runtime(mode, job.get("torchrun_runtime", "container"))
     by_host: dict[str, list[Mapping[str, Any]]] = {}
     for row in table["ranks"]:
         by_host.setdefault(row["host"], []).append(row)
@@ -624,16 +623,24 @@ OVERLAY_RANGES: tuple[tuple[str, float, float | None, str], ...] = (
 )
 # Every variable node_input reads.
 INPUT_VARIABLES = tuple(sorted({v for v, _ in SETTINGS.values()} | {r[0] for r in RANGES + OVERLAY_RANGES} | {
-    "launch_mode", "ssh_mesh_launcher", "launch_proxy_env", "launch_extra_env", "launch_secret_env",
+    "launch_mode", "launch_torchrun_runtime", "ssh_mesh_launcher", "launch_proxy_env", "launch_extra_env", "launch_secret_env",
     "launch_transport", "launch_overlay_interface", "launch_master_port"}))
+
+
+def mode_runtime(mode: str, torchrun_runtime: str = "container") -> str:
+    """Where a launch mode's ranks run: ``process`` (bare, in the node's Python) or ``container``."""
+    if mode == "torchrun":
+        return torchrun_runtime
+    return "process" if mode == "process" else "container"
 
 
 def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
     """A node's checked input (``values``: its INPUT_VARIABLES, templated): ``settings``, the
     open environment ``env_public``, what may be shown of every variable ``env_shown``,
     whether it has secrets, and under launch_transport wireguard the overlay's interface,
-    whose address rank_plan takes as the node's. The secret values stay out: the ranks'
-    start reads them again.
+    whose address rank_plan takes as the node's, and ``bare``: whether its ranks run as
+    processes (mode_runtime), which decides what the check phase reads on the node. The
+    secret values stay out: the ranks' start reads them again.
     Out-of-range numbers and bad secret names raise, every failure in one message."""
     overlay = values.get("launch_transport") == "wireguard"
     bad = out_of_range([{"name": n, "value": values.get(n), "min": low, "max": high, "why": why}
@@ -658,6 +665,8 @@ def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
         raise InventoryError("; ".join(b["message"] for b in bad), host, bad[0]["variable"])
     return {"settings": settings, "env_public": parts["public"], "env_shown": parts["shown"],
             "has_secrets": bool(parts["secret"]),
+            "bare": mode_runtime(str(values.get("launch_mode")),
+                                 str(values.get("launch_torchrun_runtime") or "container")) == "process",
             "overlay_interface": str(values.get("launch_overlay_interface") or "") if overlay else ""}
 
 

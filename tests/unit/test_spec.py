@@ -828,6 +828,17 @@ def test_node_input_reads_each_setting_from_its_variable_typed():
     assert set(s) == set(settings()) - {"proxy_env", "extra_env"}
 
 
+def test_node_input_says_whether_the_ranks_run_bare_as_the_spec_decides_its_image():
+    cases = {("process", "container"): True, ("torchrun", "process"): True, ("torchrun", "container"): False,
+             ("container", "process"): False, ("mpirun", "process"): False}
+    for (mode, runtime), bare in cases.items():
+        got = spec.node_input(_input_values(launch_mode=mode, launch_torchrun_runtime=runtime), "node-2")
+        assert got["bare"] is bare, (mode, runtime)
+        assert (spec.mode_runtime(mode, runtime) == "process") is bare
+    # An unset runtime is the container's, as launch_torchrun_runtime's default.
+    assert spec.node_input(_input_values(launch_mode="torchrun"), "node-2")["bare"] is False
+
+
 def test_node_input_keeps_secret_values_out_and_shows_them_masked():
     got = spec.node_input(_input_values(), "node-2")
     assert got["has_secrets"] is True

@@ -1,4 +1,4 @@
-"""Check a node's launch input and keep what the launch spec needs of it, in one call."""
+"""Check a node's launch input, keep what the launch spec needs of it, and read the node, in one task."""
 
 import os
 
@@ -11,7 +11,7 @@ from torchfleet.errors import InventoryError
 
 DOCUMENTATION = r"""
 module: launch_input
-short_description: Check a node's launch input and keep its settings as the fact launch__input
+short_description: Check a node's launch input, keep its settings as the fact launch__input, and probe the node
 description:
   - Reads the host's launch variables itself (torchfleet.spec.INPUT_VARIABLES) and checks
     what argument_specs cannot: the numbers' ranges and the names of the secret
@@ -24,16 +24,22 @@ description:
     which launch_spec reads through hostvars. Secret values never enter it.
   - The checks and settings are Python, not Jinja: Ansible compiles every expression again
     in every node's worker, which made this the launch's costliest task per node.
+  - Once the input passed, runs node_probe on the node with I(probe), adding what the input
+    decides: the paths the ranks need (torchfleet.spec.node_paths), whether to read the CPU
+    topology (pinning), and whether to gather the addresses (not yet in the node's facts).
+    One task instead of two: each task costs the controller a process per node. A node
+    whose input fails is not probed.
+  - Returns node_probe's result, with C(launch__input) added to its facts.
 options:
   pinning_role: {description: The cpu_pinning role's folder (its defaults and argument spec)., type: path, required: true}
+  probe: {description: node_probe's other arguments (python, ports, run_root, job, checksum)., type: dict, required: true}
 """
 
-ARGS = {"pinning_role": {"type": "path", "required": True}}
+ARGS = {"pinning_role": {"type": "path", "required": True}, "probe": {"type": "dict", "required": True}}
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -45,7 +51,12 @@ class ActionModule(ActionBase):
             checked["pinning"] = self._pinning(args["pinning_role"], task_vars, host)
         except InventoryError as exc:
             return core.fail_input(result, exc)
-        result.update(changed=False, ansible_facts={"launch__input": checked})
+        probe = dict(args["probe"], facts="ansible_all_ipv4_addresses" not in task_vars,
+                     topology=checked["pinning"]["enabled"],
+                     paths=[p["path"] for p in spec.node_paths(checked["settings"])])
+        result.update(self._execute_module("torchfleet.cluster.node_probe", module_args=probe, task_vars=task_vars))
+        if not result.get("failed"):
+            result["ansible_facts"] = dict(result.get("ansible_facts") or {}, launch__input=checked)
         return result
 
     def _pinning(self, role, task_vars, host):
