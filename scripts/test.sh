@@ -42,8 +42,8 @@ lane() {
   local item
   for item in "$@"; do
     case $item in
-      pytest-cluster) stage "pytest cluster" pytest -q -ra -m cluster tests ;;
-      pytest-faults) stage "pytest faults" pytest -q -ra -m faults tests ;;
+      pytest-cluster) stage "pytest cluster" pytest -q -ra --durations=8 -m cluster tests ;;
+      pytest-faults) stage "pytest faults" pytest -q -ra --durations=0 -m faults tests ;;
       *) stage "molecule $item" molecule test --scenario-name "$item" ;;
     esac
   done
