@@ -77,11 +77,6 @@ def running_runs(nodes, bare):
     return sorted(set(found))
 
 
-def node_paths(settings):
-    """The paths a node must have for its ranks, each with the variable that asks for it."""
-    return spec.node_paths(settings)
-
-
 def taken_port_check(port, table, skip=False):
     """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
     return spec.taken_port_check(port, table, skip)
@@ -148,7 +143,6 @@ class FilterModule:
             "overlay_allocate_error": overlay_allocate_error,
             "split_site_env": split_site_env,
             "process_entries": process_entries,
-            "node_paths": node_paths,
             "node_checks": node_checks,
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
