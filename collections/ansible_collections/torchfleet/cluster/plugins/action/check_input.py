@@ -33,7 +33,7 @@ options:
   checks:
     description:
       - Instead of one check, several (each with I(that), I(msg), I(variable) and I(kind)),
-        in one task: each task costs a process per node. The first that fails gives the
+        in one task; each task costs a process per node. The first that fails gives the
         error's variable and kind; the message names every one that failed.
       - A check may name the I(host) it is about (a run_once task checking every node);
         without it, the check is about the task's own host.

@@ -14,25 +14,31 @@ module: launch_input
 short_description: Check a node's launch input, keep its settings as the fact launch__input, and probe the node
 description:
   - Reads the host's launch variables itself (torchfleet.spec.INPUT_VARIABLES) and checks
-    what argument_specs cannot: the numbers' ranges and the names of the secret
+    what argument_specs cannot; the numbers' ranges and the names of the secret
     environment. A failure returns C(torchfleet_error) with the host and the variable,
     every failure in one message.
   - Reads the host's cpu_pinning variables too, with the cpu_pinning role's own defaults and
-    argument spec (I(pinning_role)): the launch plans the pinning from node_probe's reading
+    argument spec (I(pinning_role)); the launch plans the pinning from node_probe's reading
     (torchfleet.cpus.plan) rather than running that role's tasks on every node.
   - Sets the fact C(launch__input) (settings, env_public, env_shown, has_secrets, pinning),
     which launch_spec reads through hostvars. Secret values never enter it.
-  - The checks and settings are Python, not Jinja: Ansible compiles every expression again
+  - The checks and settings are Python, not Jinja; Ansible compiles every expression again
     in every node's worker, which made this the launch's costliest task per node.
   - Once the input passed, runs node_probe on the node with I(probe), adding what the input
-    decides: the paths the ranks need (torchfleet.spec.node_paths), whether to read the CPU
+    decides, which is the paths the ranks need (torchfleet.spec.node_paths), whether to read the CPU
     topology (pinning), and whether to gather the addresses (not yet in the node's facts).
-    One task instead of two: each task costs the controller a process per node. A node
+    One task instead of two, since each task costs the controller a process per node. A node
     whose input fails is not probed.
   - Returns node_probe's result, with C(launch__input) added to its facts.
 options:
-  pinning_role: {description: The cpu_pinning role's folder (its defaults and argument spec)., type: path, required: true}
-  probe: {description: node_probe's other arguments (python, ports, run_root, job, checksum)., type: dict, required: true}
+  pinning_role:
+    description: The cpu_pinning role's folder (its defaults and argument spec).
+    type: path
+    required: true
+  probe:
+    description: node_probe's other arguments (python, ports, run_root, job, checksum).
+    type: dict
+    required: true
 """
 
 ARGS = {"pinning_role": {"type": "path", "required": True}, "probe": {"type": "dict", "required": True}}

@@ -21,7 +21,7 @@ options:
     required: true
   overlay:
     description:
-      - Take each node's address from its overlay interface (launch_transport wireguard):
+      - Take each node's address from its overlay interface (launch_transport wireguard),
         the interface launch_input kept in C(launch__input), read in node_probe's C(ip_addr)
         (C(launch__node_state)). A node whose overlay is down fails, by name.
       - Otherwise each node's address comes from its variables and facts

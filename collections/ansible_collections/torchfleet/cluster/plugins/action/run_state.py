@@ -7,7 +7,7 @@ module: run_state
 short_description: A node's runs (see the run_state module), and the workload a start sends
 description:
   - Passes every option to the run_state module. With I(workload) (state=present), the
-    tar workload_pack made on the controller goes along (plugin_utils.workload_send): up to
+    tar workload_pack made on the controller goes along (plugin_utils.workload_send); up to
     C(inline_max) bytes inside the module's own call, a larger one ahead of it into the
     task's temporary folder. The module replaces the workload folder whole.
 options:

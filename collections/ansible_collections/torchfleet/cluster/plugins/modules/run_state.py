@@ -17,11 +17,11 @@ description:
   - With I(state=info) it reads each run's C(guard.json), every unit's C(guard-N.json) and,
     on the master, C(job.json) that the store's host writes, plus each log's last line.
   - With I(state=stopped) it writes the run's C(stop) file (every running run's, without
-    I(run_id)), which every guard on the node reads on its next poll: the run stops
+    I(run_id)), which every guard on the node reads on its next poll; the run stops
     everywhere, each unit recording I(reason).
   - With I(state=present) it removes the oldest finished run folders beyond I(keep), then
     creates the run's folder and writes I(files) into it, each whole (a temporary file, then
-    a rename): one call where a start would otherwise spend a task per file. With
+    a rename); one call where a start would otherwise spend a task per file. With
     I(workload), the job's workload folder is first replaced whole from its tar.
   - The run_state action sends the workload's tar with the call, or ahead of it when it is
     large; I(files) and I(workload) are left out of the result's C(invocation), which would
