@@ -79,11 +79,13 @@ def test_an_unreachable_node_raises_host_unreachable(cluster, tmp_path):
 
 
 def test_provision_reports_each_host_and_a_second_run_changes_nothing(provisioned):
-    _, first, second = provisioned
+    _, first, (code, second) = provisioned
     assert set(first.hosts) == {"node-1", "node-2"}
     assert all(h.failed == 0 and h.unreachable == 0 for h in first.hosts.values())
     assert all(h.changed > 0 for h in first.hosts.values())
-    assert second.ok and second.changed == 0, second.hosts
+    # The second run, through the CLI: exit 0, and a document in which no host changed.
+    assert code == 0 and second["ok"] and set(second["result"]["hosts"]) == {"node-1", "node-2"}
+    assert second["result"]["changed"] == 0, second["result"]["hosts"]
 
 
 def test_launch_runs_the_job_end_to_end_and_reports_every_rank(provisioned):
@@ -158,15 +160,15 @@ def test_a_workload_folder_is_mirrored_to_every_node(provisioned, tmp_path):
     for node in ("node-1", "node-2"):
         assert node_sh(node, listing).split() == ["./old.py", "./pkg/__init__.py", "./pkg/helper.py", "./pkg/train.py"]
 
-    (folder / "old.py").unlink()
-    assert cluster.launch(job).ok
-    assert node_sh("node-2", listing).split() == ["./pkg/__init__.py", "./pkg/helper.py", "./pkg/train.py"]
+    # A change to an ignored file alone sends nothing again.
     copied = node_sh("node-2", "stat -c %Y /var/lib/torchfleet/workloads/mirror.tar")
     (folder / "scratch" / "big.bin").write_text("changed, but ignored")
     assert cluster.launch(job).ok
     assert node_sh("node-2", "stat -c %Y /var/lib/torchfleet/workloads/mirror.tar") == copied
 
-    # Over 1 MiB the tar goes ahead of the call instead of inside it: the same folder lands.
+    # A file removed is removed on the nodes; over 1 MiB the tar goes ahead of the call
+    # instead of inside it, and the same folder lands.
+    (folder / "old.py").unlink()
     blob = os.urandom(3 << 19)
     (folder / "weights.bin").write_bytes(blob)
     assert cluster.launch(job).ok

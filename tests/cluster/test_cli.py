@@ -3,19 +3,8 @@
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
-from .conftest import ENV, NAME, SUBNET, node_sh
-
-TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
-
-
-def cli(*args, inventory_dir, runs_dir):
-    env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
-    done = subprocess.run([TORCHFLEET, *args], capture_output=True, text=True, env=env, timeout=600)
-    assert done.stdout.lstrip().startswith("{"), done.stdout + done.stderr
-    return done.returncode, json.loads(done.stdout)
+from .conftest import ENV, NAME, SUBNET, TORCHFLEET, cli, node_sh
 
 
 def test_cli_commands_exit_codes_and_json(provisioned, inventory_dir, runs_dir, crashing_workload, tmp_path):
@@ -40,9 +29,7 @@ def test_cli_commands_exit_codes_and_json(provisioned, inventory_dir, runs_dir, 
         "task": "Number the ranks and pick MASTER_ADDR, each node at its cluster address (or overlay address)",
         "message": None}
 
-    code, out = run("up", *inv, "--json")
-    assert code == 0 and out["result"]["changed"] == 0
-
+    # `torchfleet up` and its document: the provisioned fixture's second run.
     code, out = run("launch", *inv, "--json", "--run-id", "cli-ok", "--", "--epoch", "1", "--no-cuda",
                     "--log-interval", "2")
     assert code == 0 and out["run"]["ok"] and out["run"]["run_id"] == "cli-ok"
