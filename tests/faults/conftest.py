@@ -93,16 +93,10 @@ class Faults:
         """The whole node stands still: its rank containers (siblings in cgroup v1, so docker
         pause of the node alone leaves them running) and then the node itself."""
         inner = self.ranks(node, running_only=True)
-        if inner:
-            self.node(node, "docker pause " + " ".join(inner))
-        # The cgroup freezer can fail on a busy machine ("unable to freeze"); it is tried
-        # again, as bench/scale.py does.
-        for _ in range(10):
-            done = subprocess.run(["docker", "pause", f"{NAME}-{node}"], capture_output=True, text=True)
-            if done.returncode == 0:
-                return inner
-            time.sleep(1)
-        raise AssertionError(f"docker pause {NAME}-{node} kept failing: {done.stderr.strip()}")
+        for container in inner:
+            pause(["docker", "exec", f"{NAME}-{node}", "docker", "pause", container])
+        pause(["docker", "pause", f"{NAME}-{node}"])
+        return inner
 
     def thaw(self, node, inner):
         subprocess.run(["docker", "unpause", f"{NAME}-{node}"], check=True, capture_output=True)
@@ -126,6 +120,17 @@ class Faults:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{node} still runs rank containers after {timeout}s")
             time.sleep(1)
+
+
+def pause(command):
+    """docker pause, tried again: the cgroup freezer can fail on a busy machine ("unable to
+    freeze") and leave the container running, as bench/scale.py also found."""
+    for _ in range(10):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        time.sleep(1)
+    raise AssertionError(f"{' '.join(command)} kept failing: {done.stderr.strip()}")
 
 
 def ended_at(guard):
