@@ -1,7 +1,9 @@
 """The fault matrix's own two-node local docker-host cluster, and how to break it."""
 
+import configparser
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +23,23 @@ NODE_TIMEOUT = 4
 TIMING = ["-e", f"launch_node_timeout={NODE_TIMEOUT}", "-e", "launch_stop_grace=3", "-e", "launch_poll_interval=1"]
 
 
+def ssh_args(seconds: int) -> str:
+    """ansible.cfg's ssh_args with the controller's SSH giving up on a silent node after about
+    ``seconds`` (keepalives, and connecting), as the guards do after NODE_TIMEOUT: the
+    defaults (15 s and 10 s) would only add waiting to every lost-node case."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "ansible.cfg")
+    args = config["ssh_connection"]["ssh_args"]
+    for option, value in (("ServerAliveInterval", 1), ("ServerAliveCountMax", seconds), ("ConnectTimeout", seconds)):
+        args, found = re.subn(rf"{option}=\d+", f"{option}={value}", args)
+        assert found == 1, f"ansible.cfg's ssh_args has no {option}"
+    return args
+
+
+# The controller's side of this cluster: its SSH settings (see ssh_args), for the API and the CLI.
+CONTROLLER_ENV = {"ANSIBLE_SSH_ARGS": ssh_args(NODE_TIMEOUT)}
+
+
 def pytest_collection_modifyitems(items):
     mark_folder(items, __file__, pytest.mark.faults)
 
@@ -30,6 +49,7 @@ def faults_cluster(tmp_path_factory):
     inventory_dir = tmp_path_factory.mktemp("inventory")
     runs_dir = tmp_path_factory.mktemp("runs")
     cluster = local_cluster(NAME, SUBNET, inventory_dir, runs_dir, progress=False)
+    cluster.env.update(CONTROLLER_ENV)
     cluster.provision()
     yield Faults(cluster, inventory_dir, runs_dir)
     for node in ("node-1", "node-2"):
@@ -42,7 +62,7 @@ class Faults:
 
     def __init__(self, cluster, inventory_dir, runs_dir):
         self.cluster, self.inventory_dir, self.runs_dir = cluster, inventory_dir, runs_dir
-        self.env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
+        self.env = dict(os.environ, **ENV, **CONTROLLER_ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
 
     def args(self, *more):
         return [TORCHFLEET, *more[:1], "-q", "-i", str(self.inventory_dir), *TIMING, *more[1:]]
