@@ -189,3 +189,98 @@ def test_a_rank_that_lost_a_peer_aborts_only_once_the_peers_guards_are_seen_aliv
     plain.store = CountingStore()
     plain.recent.append("ValueError: bad batch\n")
     assert plain._peer_wait_over()
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["{python}", "{script}", "--epoch", "1"], ("script", "{script}")),
+    (["{python}", "{script}"], ("script", "{script}")),
+    (["{python}", "-m", "torch.distributed.run", "--nnodes", "2"], ("module", "torch.distributed.run")),
+    (["{python}", "-u", "{script}"], None),           # options change how the interpreter starts
+    (["{python}", "-m", "-x"], None),
+    (["{python}", "{missing}"], None),                # the interpreter's own error, as it words it
+    (["sh", "{script}"], None),                       # another program
+    (["/usr/bin/env", "{python}", "{script}"], None),
+])
+def test_only_this_interpreter_running_a_script_or_module_is_forked(tmp_path, argv, target):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    names = {"python": sys.executable, "script": str(script), "missing": str(tmp_path / "none.py")}
+    expected = (target[0], target[1].format(**names)) if target else None
+    assert guard.preload_target([a.format(**names) for a in argv], sys.executable) == expected
+
+
+def test_another_python_is_started_as_it_is(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert guard.preload_target([sys.executable, str(script)], str(tmp_path / "bin" / "python3")) is None
+
+
+def _forked_unit(tmp_path, monkeypatch, code: str, *args: str) -> guard.Guard:
+    """A unit forked from its guard. torch is not on the controller (the fork's point is to
+    share the guard's import of it), so the import is taken as done: what is under test is that
+    the child runs and ends as ``python3 SCRIPT ARGS`` would."""
+    monkeypatch.setattr(guard, "_import_torch", lambda: True)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "helper.py").write_text("VALUE = 'sibling'\n")
+    script = tmp_path / "work" / "train.py"
+    script.write_text(code)
+    unit = dict(RANK, log=str(tmp_path / "rank.log"))
+    config = {"units": [unit], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
+    forked = guard.Guard(config, 0, [sys.executable, str(script), *args], str(tmp_path))
+    forked.start_child()
+    assert isinstance(forked.child, guard.Forked)
+    assert forked.wake.wait(20)
+    return forked
+
+
+def test_a_forked_unit_runs_as_the_script_would(tmp_path, monkeypatch):
+    code = """
+import atexit, os, sys, helper
+atexit.register(lambda: print("at exit", flush=True))
+print(__name__, sys.argv, helper.VALUE, os.getpgid(0) == os.getpid(), sys.stdin.read() == "", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+sys.exit(3)
+"""
+    unit = _forked_unit(tmp_path, monkeypatch, code, "--epoch", "1")
+    assert unit.child.poll() == 3
+    log = (tmp_path / "rank.log").read_text()
+    script = str(tmp_path / "work" / "train.py")
+    assert f"__main__ {[script, '--epoch', '1']} sibling True True\n" in log
+    assert "to stderr\n" in log and log.endswith("at exit\n")
+
+
+def test_a_forked_module_runs_as_python_m_would(tmp_path, monkeypatch):
+    """torchrun's agent is ``python3 -m torch.distributed.run``: the working folder is first on
+    the import path, and argv[0] is the module's file."""
+    (tmp_path / "tfagent.py").write_text("import sys\nprint(__name__, sys.argv, flush=True)\nsys.exit(4)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(guard, "_import_torch", lambda: True)
+    config = {"units": [dict(AGENT, log=str(tmp_path / "agent.log"))], "store_unit": 0, "node_timeout": 4,
+              "run_id": "r", "job": "j", "poll_interval": 20}
+    agent = guard.Guard(config, 0, [sys.executable, "-m", "tfagent", "--nnodes", "2"], str(tmp_path))
+    agent.start_child()
+    assert isinstance(agent.child, guard.Forked)
+    assert agent.wake.wait(20)
+    assert agent.child.poll() == 4
+    assert (tmp_path / "agent.log").read_text() == f"__main__ {[str(tmp_path / 'tfagent.py'), '--nnodes', '2']}\n"
+
+
+def test_a_forked_unit_that_raises_exits_1_with_its_traceback(tmp_path, monkeypatch):
+    unit = _forked_unit(tmp_path, monkeypatch, "raise ValueError('bad shape')\n")
+    assert unit.child.poll() == 1
+    log = (tmp_path / "rank.log").read_text()
+    assert "Traceback" in log and "ValueError: bad shape" in log
+
+
+def test_a_forked_unit_is_stopped_by_its_process_group(tmp_path, monkeypatch):
+    monkeypatch.setattr(guard, "_import_torch", lambda: True)
+    script = tmp_path / "train.py"
+    script.write_text("import time\nprint('training', flush=True)\ntime.sleep(60)\n")
+    config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "stop_grace": 5}
+    unit = guard.Guard(config, 0, [sys.executable, str(script)], str(tmp_path))
+    unit.start_child()
+    deadline = guard.time.monotonic() + 20
+    while not unit.has_progressed and guard.time.monotonic() < deadline:
+        guard.time.sleep(0.05)
+    assert unit.has_progressed
+    assert unit.stop_child() == 128 + signal.SIGTERM

@@ -1,7 +1,8 @@
 """The guard: what supervises a run on the cluster, whether or not a controller watches.
 
 Every unit torchfleet starts (a rank, a torchrun agent, an sshd, mpirun) runs under a guard
-of its own: ``python3 guard.py CONFIG UNIT -- ARGV``. The guard starts ARGV, passes its
+of its own: ``python3 guard.py CONFIG UNIT -- ARGV``. The guard starts ARGV (forked from
+itself, torch already imported, when ARGV is its own Python running a script), passes its
 output through, and meets the other guards in a torch TCPStore (the one torchelastic uses)
 that the guard of the master's first unit hosts on ``launch_guard_port``, bound to the
 cluster address only. Through it:
@@ -20,15 +21,20 @@ single file copied into each run's folder. The decisions are the pure functions 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import os
 import re
+import runpy
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
+import warnings
 from datetime import datetime, timedelta, timezone
 
 # Exit codes of a guard whose unit it stopped: 128 + the signal, as a shell reports it.
@@ -103,6 +109,24 @@ def peer_wait_over(waited_s: float, moved: dict[int, int], others: list[int], no
     if waited_s > node_timeout + 2 * poll:
         return True
     return all(moved.get(i, 0) >= 2 for i in others)
+
+
+def preload_target(argv: list[str], executable: str) -> tuple[str, str] | None:
+    """What a unit that is this very interpreter runs: ``("script", PATH)`` for ``PYTHON
+    SCRIPT ARGS`` (a rank's usual command), ``("module", NAME)`` for ``PYTHON -m NAME ARGS``
+    (a torchrun agent). Such a unit is forked from its guard, which imports torch for its
+    store anyway, instead of started as a new interpreter that imports it again: about 2 s
+    of CPU per unit. Any other form (other options, a wrapper, another Python) starts as it is."""
+    if len(argv) < 2:
+        return None
+    found = shutil.which(argv[0])
+    if not found or not executable or os.path.abspath(found) != os.path.abspath(executable):
+        return None
+    if argv[1] == "-m" and len(argv) > 2 and re.fullmatch(r"[A-Za-z_][\w.]*", argv[2]):
+        return ("module", argv[2])
+    if not argv[1].startswith("-") and os.path.isfile(argv[1]):
+        return ("script", argv[1])
+    return None
 
 
 def next_connect_timeout(current: float, node_timeout: float) -> float:
@@ -187,8 +211,12 @@ class Guard:
             os.setpgid(0, 0)
             _die_with_parent()
 
-        self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, preexec_fn=own_group)
+        target = preload_target(self.argv, sys.executable)
+        if target is not None and _import_torch():
+            self.child = Forked(target, self.argv[3:] if target[0] == "module" else self.argv[2:], own_group)
+        else:
+            self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, preexec_fn=own_group)
         threading.Thread(target=self._pass_output, daemon=True).start()
         self.state.update(state="running", pid=self.child.pid)
         self._write_state()
@@ -554,6 +582,102 @@ class Guard:
                        "heartbeat_age_s": round(now - seen[i], 1) if i in seen else None}
                       for i, u in enumerate(self.units)],
         })
+
+
+class Forked:
+    """A unit forked from the guard to run as ``python3 SCRIPT ARGS`` or ``python3 -m MODULE
+    ARGS`` would (see preload_target), with what the guard uses of a Popen: pid, stdout,
+    poll, wait, returncode. It forks before the guard starts any thread or connects to the store."""
+
+    def __init__(self, target: tuple[str, str], args: list[str], setup) -> None:
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of forking a process with threads; torch's import leaves one
+            # idle thread, and its at-fork handlers are what make its DataLoader's fork safe.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            _run_target(target, args, write, setup)
+        os.close(write)
+        self.pid, self.returncode = pid, None
+        self.stdout = os.fdopen(read, "rb")
+        self._reaping = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._reaping:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["python3", "-"], timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+
+def _import_torch() -> bool:
+    try:
+        from torch.distributed import TCPStore  # noqa: F401 - what the store needs, loaded once for both
+    except Exception:  # noqa: BLE001 - no torch: the unit starts on its own, and the store reports it
+        return False
+    return True
+
+
+def _run_target(target: tuple[str, str], args: list[str], output: int, setup) -> None:
+    """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``) and exit as it
+    would. Never returns."""
+    code = 1
+    try:
+        setup()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(null)
+        os.close(output)
+        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        kind, name = target
+        sys.argv = [name if kind == "script" else "-m", *args]
+        # As the interpreter starts a script (or -m): its folder (or the working folder) first
+        # on the import path, where the guard's folder was, unless safe_path keeps it off.
+        if not getattr(sys.flags, "safe_path", False):
+            sys.path[0] = os.path.dirname(os.path.abspath(name)) if kind == "script" else os.getcwd()
+        try:
+            if kind == "script":
+                runpy.run_path(name, run_name="__main__")
+            else:
+                runpy.run_module(name, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                sys.stderr.write(f"{exc.code}\n")
+        except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
+            sys.excepthook(*sys.exc_info())
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - whatever happens, the child never returns into the guard
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
 
 
 def _bounded(fn, timeout: float) -> None:
