@@ -1,6 +1,9 @@
 """A node's run folders (module_utils.run_folder): a start makes one in one call and prunes old runs."""
 
 import json
+import os
+import threading
+import time
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_folder
 
@@ -53,3 +56,25 @@ def test_prepare_installs_the_workload_prunes_and_writes_and_refuses_folder_name
     assert run_folder.prepare(str(node), "20261103-000000-c", {"spec.json": "{}"}, keep=1)["changed"] is False
     with pytest.raises(run_folder.PrepareError, match="must be plain file names"):
         run_folder.prepare(str(node), "20261103-000000-c", {"../x": ""})
+
+
+def test_a_followed_run_answers_when_its_job_ends_not_after_the_whole_wait(tmp_path):
+    """The master waits on job.json itself: a controller's call returns as the run ends."""
+    from ansible_collections.torchfleet.cluster.plugins.modules import run_state
+
+    (tmp_path / "job.json").write_text(json.dumps({"state": "running"}))
+    started = time.monotonic()
+    run_state.wait_for_end(str(tmp_path), wait=0.3, poll=0.05)
+    assert 0.3 <= time.monotonic() - started < 5  # still running: the whole wait
+
+    def end():
+        time.sleep(0.3)
+        (tmp_path / "job.json.tmp").write_text(json.dumps({"state": "failed"}))
+        os.replace(tmp_path / "job.json.tmp", tmp_path / "job.json")
+
+    ender = threading.Thread(target=end)
+    started = time.monotonic()
+    ender.start()
+    run_state.wait_for_end(str(tmp_path), wait=30, poll=0.05)
+    ender.join()
+    assert 0.3 <= time.monotonic() - started < 5

@@ -2,7 +2,9 @@
 
 The guards on the cluster supervise the run; this only looks. It holds one connection (the
 master's), whatever the number of nodes, and ends when the run does, or when the master
-stops answering (the other nodes' guards then stop their ranks themselves).
+stops answering (the other nodes' guards then stop their ranks themselves). Each call waits
+on the master until the run ends or the next progress line is due, reading job.json there
+every poll: one module run per progress line instead of one per poll.
 """
 
 import time
@@ -21,7 +23,7 @@ short_description: Wait for a run's end as its guards report it, showing progres
 options:
   node_dir: {description: torchfleet's folder on the master., type: path, required: true}
   run_id: {description: The run., type: str, required: true}
-  poll_interval: {description: Seconds between reads of job.json., type: float, default: 2}
+  poll_interval: {description: Seconds between the master's reads of job.json., type: float, default: 0.5}
   progress_interval: {description: Seconds between progress lines., type: float, default: 10}
   start_timeout: {description: Seconds the store's host may take to write job.json., type: float, default: 120}
   stale_after: {description: Seconds after which a job.json not rewritten means its guard is gone., type: float, default: 20}
@@ -30,7 +32,7 @@ options:
 ARGS = {
     "node_dir": {"type": "path", "required": True},
     "run_id": {"type": "str", "required": True},
-    "poll_interval": {"type": "float", "default": 2.0},
+    "poll_interval": {"type": "float", "default": 0.5},
     "progress_interval": {"type": "float", "default": 10.0},
     "start_timeout": {"type": "float", "default": 120.0},
     "stale_after": {"type": "float", "default": 20.0},
@@ -47,10 +49,13 @@ class ActionModule(ActionBase):
         started = time.monotonic()
         last_progress = started
         while True:
+            wait = max(args["poll_interval"], args["progress_interval"] - (time.monotonic() - last_progress))
+            called = time.monotonic()
             try:
                 state = self._execute_module(module_name="torchfleet.cluster.run_state",
                                              module_args={"node_dir": args["node_dir"], "run_id": args["run_id"],
-                                                          "tail_lines": 1}, task_vars=task_vars)
+                                                          "tail_lines": 1, "wait": wait,
+                                                          "poll": args["poll_interval"]}, task_vars=task_vars)
             except AnsibleConnectionFailure as exc:
                 state = {"unreachable": True, "msg": str(exc)}
             if state.get("unreachable"):
@@ -82,7 +87,8 @@ class ActionModule(ActionBase):
             if time.monotonic() - last_progress >= args["progress_interval"]:
                 last_progress = time.monotonic()
                 display.display(progress_line(run, time.monotonic() - started))
-            time.sleep(args["poll_interval"])
+            if time.monotonic() - called < args["poll_interval"]:
+                time.sleep(args["poll_interval"])  # no run folder yet: the call did not wait
 
 
 def progress_line(run, elapsed):

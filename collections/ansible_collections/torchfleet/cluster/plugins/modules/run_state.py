@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -44,6 +46,14 @@ options:
   keep: {description: With I(state=present), how many finished runs to keep besides it., type: int, default: 10}
   tail_lines: {description: Log lines to return per unit with I(run_id)., type: int, default: 0}
   spec: {description: With I(run_id), also return the run's spec.json., type: bool, default: false}
+  wait:
+    description:
+      - With I(run_id) and I(state=info), seconds to wait on the node for the run to end before
+        answering, reading its C(job.json) every I(poll) seconds. A controller that follows a run
+        then makes one call per progress line, not one per poll.
+    type: float
+    default: 0
+  poll: {description: Seconds between the reads of C(job.json) while waiting., type: float, default: 0.5}
 """
 
 
@@ -52,6 +62,19 @@ def request_stop(run_dir, reason):
     with open(stop_file + ".tmp", "w") as fh:
         fh.write((reason or "stopped on request (torchfleet stop)") + "\n")
     os.replace(stop_file + ".tmp", stop_file)
+
+
+def wait_for_end(run_dir, wait, poll):
+    """Until the store's host writes an end to job.json, for at most ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(run_dir, "job.json")) as fh:
+                if json.load(fh).get("state") != "running":
+                    return
+        except (OSError, ValueError):
+            pass  # not written yet, or being replaced
+        time.sleep(max(0.05, min(poll, deadline - time.monotonic())))
 
 
 def main():
@@ -68,6 +91,8 @@ def main():
             "keep": {"type": "int", "default": 10},
             "tail_lines": {"type": "int", "default": 0},
             "spec": {"type": "bool", "default": False},
+            "wait": {"type": "float", "default": 0},
+            "poll": {"type": "float", "default": 0.5},
         },
         required_if=[("state", "present", ["run_id"])],
         supports_check_mode=True,
