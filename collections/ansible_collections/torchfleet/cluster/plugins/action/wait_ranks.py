@@ -60,6 +60,9 @@ options:
 """
 
 
+LISTEN_WAIT = 5
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
@@ -149,9 +152,12 @@ class ActionModule(ActionBase):
         return len(units) >= expected and all(ended_ok)
 
     def _listening(self, listen, task_vars):
+        """The port, waited for on the node for up to LISTEN_WAIT seconds (wait_for tries it
+        every second): while the master starts, one call instead of one per poll. A rank
+        that fails meanwhile is seen at the next poll."""
         probe = self._execute_module(
             module_name="ansible.builtin.wait_for",
-            module_args={"host": listen[0], "port": listen[1], "timeout": 1},
+            module_args={"host": listen[0], "port": listen[1], "timeout": LISTEN_WAIT},
             task_vars=task_vars,
         )
         return not probe.get("failed")
