@@ -652,7 +652,7 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
         # As the interpreter starts a script (or -m): its folder (or the working folder) first
         # on the import path, where the guard's folder was, unless safe_path keeps it off.
         if not getattr(sys.flags, "safe_path", False):
-            sys.path[0] = os.path.dirname(os.path.abspath(name)) if kind == "script" else os.getcwd()
+            sys.path[0] = os.path.dirname(os.path.realpath(name)) if kind == "script" else os.getcwd()
         try:
             if kind == "script":
                 runpy.run_path(name, run_name="__main__")
