@@ -21,7 +21,6 @@ single file copied into each run's folder. The decisions are the pure functions 
 
 from __future__ import annotations
 
-import atexit
 import collections
 import json
 import os
@@ -634,9 +633,20 @@ def _import_torch() -> bool:
     return True
 
 
+class ChildExit(BaseException):
+    """Raised in a forked unit once its script has ended: it unwinds to main(), so that the
+    interpreter ends as the script's own would (its exit functions, threads and objects
+    finalized, its sockets closed last), not at once. A peer still joining the group may
+    depend on that time."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 def _run_target(target: tuple[str, str], args: list[str], output: int, setup) -> None:
-    """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``) and exit as it
-    would. Never returns."""
+    """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``), then raise
+    ChildExit with its exit code."""
     code = 1
     try:
         setup()
@@ -669,18 +679,9 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
                 sys.stderr.write(f"{exc.code}\n")
         except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
             sys.excepthook(*sys.exc_info())
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001 - whatever happens, the child never returns into the guard
+    except BaseException:  # noqa: BLE001 - whatever happens, the child never goes on as a guard
         traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code & 0xFF)
+    raise ChildExit(code & 0xFF)
 
 
 def _bounded(fn, timeout: float) -> None:
@@ -720,7 +721,10 @@ def main(argv: list[str]) -> int:
     config_path, index, command = argv[0], int(argv[1]), argv[3:]
     with open(config_path) as fh:
         config = json.load(fh)
-    return Guard(config, index, command, os.path.dirname(os.path.abspath(config_path))).run()
+    try:
+        return Guard(config, index, command, os.path.dirname(os.path.abspath(config_path))).run()
+    except ChildExit as done:  # the forked unit ends here, as its own interpreter would
+        return done.code
 
 
 if __name__ == "__main__":
