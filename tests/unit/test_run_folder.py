@@ -78,3 +78,34 @@ def test_a_followed_run_answers_when_its_job_ends_not_after_the_whole_wait(tmp_p
     run_state.wait_for_end(str(tmp_path), wait=30, poll=0.05)
     ender.join()
     assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_the_module_waits_when_asked_also_for_a_run_not_started_yet(tmp_path, capsys):
+    """run_state with wait: one call covers a start that has not written job.json yet, and
+    answers as the run ends."""
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.torchfleet.cluster.plugins.modules import run_state
+
+    run_dir = tmp_path / "runs" / "r1"
+
+    def start_then_end():
+        time.sleep(0.3)
+        run_dir.mkdir(parents=True)
+        (run_dir / "job.json").write_text(json.dumps({"state": "running"}))
+        time.sleep(0.3)
+        (run_dir / "job.json.tmp").write_text(json.dumps({"state": "succeeded", "units": []}))
+        os.replace(run_dir / "job.json.tmp", run_dir / "job.json")
+
+    runner = threading.Thread(target=start_then_end)
+    started = time.monotonic()
+    runner.start()
+    with patch_module_args({"node_dir": str(tmp_path), "run_id": "r1", "wait": 30, "poll": 0.05}):
+        try:
+            run_state.main()
+        except SystemExit:
+            pass
+    runner.join()
+    assert 0.6 <= time.monotonic() - started < 10
+    result = json.loads(capsys.readouterr().out)
+    assert result["found"] and result["run"]["job_state"]["state"] == "succeeded"

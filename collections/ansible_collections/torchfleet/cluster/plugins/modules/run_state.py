@@ -65,7 +65,8 @@ def request_stop(run_dir, reason):
 
 
 def wait_for_end(run_dir, wait, poll):
-    """Until the store's host writes an end to job.json, for at most ``wait`` seconds."""
+    """Until the store's host writes an end to job.json, for at most ``wait`` seconds (also
+    while the run's folder or job.json is not there yet)."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
@@ -109,6 +110,8 @@ def main():
         module.exit_json(**done, invocation=invocation)
     if p["run_id"]:
         run_dir = os.path.join(runs_dir, p["run_id"])
+        if p["state"] == "info" and p["wait"] > 0:
+            wait_for_end(run_dir, p["wait"], p["poll"])
         if not os.path.isdir(run_dir):
             module.exit_json(changed=False, found=False, run=None)
         if p["state"] == "stopped":
