@@ -285,6 +285,12 @@ def test_a_forked_unit_that_raises_exits_1_with_its_traceback(tmp_path, monkeypa
     assert "Traceback" in log and "ValueError: bad shape" in log
 
 
+def test_a_forked_unit_interrupted_ends_as_python_does_on_ctrl_c(tmp_path, monkeypatch):
+    unit = _forked_unit(tmp_path, monkeypatch, "raise KeyboardInterrupt\n")
+    assert unit.child.poll() == -signal.SIGINT
+    assert "KeyboardInterrupt" in (tmp_path / "rank.log").read_text()
+
+
 def test_a_forked_unit_is_stopped_by_its_process_group(tmp_path, monkeypatch):
     monkeypatch.setattr(guard, "_import_torch", lambda: True)
     script = tmp_path / "train.py"
@@ -333,8 +339,9 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
     (fake.parent / "__init__.py").write_text("")
     (fake / "__init__.py").write_text(FAKE_TORCH)
     script = tmp_path / "train.py"
+    # The script imports no torch: it has the guard's only if it was forked from the guard.
     script.write_text("import atexit, sys\natexit.register(lambda: print('at exit', flush=True))\n"
-                      "print('training', flush=True)\nsys.exit(3)\n")
+                      "print('training', 'torch.distributed' in sys.modules, flush=True)\nsys.exit(3)\n")
     config = {"units": [dict(RANK, log=str(tmp_path / "rank.log"))], "store_unit": 0, "node_timeout": 4,
               "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
               "store": {"host": "127.0.0.1", "port": 0, "node": "node-2"}}
@@ -343,6 +350,6 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
                            str(script)], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
     assert done.returncode == 3, done.stderr
-    assert (tmp_path / "rank.log").read_text().startswith("training\nat exit\n")
+    assert (tmp_path / "rank.log").read_text().startswith("training True\nat exit\n")
     record = json.loads((tmp_path / "guard-0.json").read_text())
     assert record["state"] == "exited" and record["exit_code"] == 3 and record["pid"] != os.getpid()

@@ -601,6 +601,10 @@ class Forked:
             os.close(read)
             _run_target(target, args, write, setup)
         os.close(write)
+        try:
+            os.setpgid(pid, pid)  # also here, so that a stop right away reaches its group
+        except OSError:
+            pass  # the child did it first
         self.pid, self.returncode = pid, None
         self.stdout = os.fdopen(read, "rb")
         self._reaping = threading.Lock()
@@ -649,6 +653,9 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
     ChildExit with its exit code."""
     code = 1
     try:
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         setup()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -657,9 +664,6 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
         os.close(null)
         os.close(output)
         sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         kind, name = target
         sys.argv = [name if kind == "script" else "-m", *args]
         # As the interpreter starts a script (or -m): its folder (or the working folder) first
@@ -677,6 +681,13 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
                 code = exc.code or 0
             else:
                 sys.stderr.write(f"{exc.code}\n")
+        except KeyboardInterrupt:
+            # As the interpreter ends on one: its traceback, then killed by SIGINT (130).
+            sys.excepthook(*sys.exc_info())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
             sys.excepthook(*sys.exc_info())
     except BaseException:  # noqa: BLE001 - whatever happens, the child never goes on as a guard
