@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source .venv/bin/activate
 
+# Set below once this run's images stage has made them, never taken from the caller.
+unset TORCHFLEET_IMAGES_READY
 quick=false
 [ "${1:-}" = --quick ] && quick=true
 lanes=${LANES:-2}

@@ -113,7 +113,8 @@ class ActionModule(ActionBase):
             if all(c["exit_code"] == 0 for c in containers):
                 outcome = "succeeded"
                 break
-            if listen and self._listening(listen, task_vars):
+            left = timeout - (time.monotonic() - started) if timeout else None
+            if listen and self._listening(listen, task_vars, left):
                 outcome = "listening"
                 break
             if listen and args.get("run_id") and self._guards_done(args, expected, task_vars):
@@ -151,13 +152,14 @@ class ActionModule(ActionBase):
                     for u in units]
         return len(units) >= expected and all(ended_ok)
 
-    def _listening(self, listen, task_vars):
+    def _listening(self, listen, task_vars, left=None):
         """The port, waited for on the node for up to LISTEN_WAIT seconds (wait_for tries it
-        every second): while the master starts, one call instead of one per poll. A rank
-        that fails meanwhile is seen at the next poll."""
+        every second), or what is left of the timeout: while the master starts, one call
+        instead of one per poll. A rank that fails meanwhile is seen at the next poll."""
         probe = self._execute_module(
             module_name="ansible.builtin.wait_for",
-            module_args={"host": listen[0], "port": listen[1], "timeout": LISTEN_WAIT},
+            module_args={"host": listen[0], "port": listen[1],
+                         "timeout": max(1, int(min(LISTEN_WAIT, left if left is not None else LISTEN_WAIT)))},
             task_vars=task_vars,
         )
         return not probe.get("failed")
