@@ -340,7 +340,9 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
     (fake / "__init__.py").write_text(FAKE_TORCH)
     script = tmp_path / "train.py"
     # The script imports no torch: it has the guard's only if it was forked from the guard.
-    script.write_text("import atexit, sys\natexit.register(lambda: print('at exit', flush=True))\n"
+    # Its exit function pickles a class of its own, which needs it to be __main__ still.
+    script.write_text("import atexit, pickle, sys\nclass Point:\n    pass\n"
+                      "atexit.register(lambda: print('at exit', len(pickle.dumps(Point())) > 0, flush=True))\n"
                       "print('training', 'torch.distributed' in sys.modules, flush=True)\nsys.exit(3)\n")
     config = {"units": [dict(RANK, log=str(tmp_path / "rank.log"))], "store_unit": 0, "node_timeout": 4,
               "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
@@ -350,6 +352,6 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
                            str(script)], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
     assert done.returncode == 3, done.stderr
-    assert (tmp_path / "rank.log").read_text().startswith("training True\nat exit\n")
+    assert (tmp_path / "rank.log").read_text().startswith("training True\nat exit True\n")
     record = json.loads((tmp_path / "guard-0.json").read_text())
     assert record["state"] == "exited" and record["exit_code"] == 3 and record["pid"] != os.getpid()

@@ -21,7 +21,10 @@ single file copied into each run's folder. The decisions are the pure functions 
 
 from __future__ import annotations
 
+import builtins
 import collections
+import importlib.machinery
+import io
 import json
 import os
 import re
@@ -33,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 from datetime import datetime, timedelta, timezone
 
@@ -648,6 +652,19 @@ class ChildExit(BaseException):
         self.code = code
 
 
+def _exec_as_main(path: str) -> None:
+    """Run a script as the interpreter runs one: in a new ``__main__`` module that stays
+    ``__main__`` to the end (runpy's would give the guard's back as soon as the script
+    returns, before its exit functions and threads, which may pickle its classes)."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    with io.open_code(path) as fh:
+        code = compile(fh.read(), path, "exec")
+    exec(code, main.__dict__)  # noqa: S102 - the unit's own script, which it would run anyway
+
+
 def _run_target(target: tuple[str, str], args: list[str], output: int, setup) -> None:
     """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``), then raise
     ChildExit with its exit code."""
@@ -672,7 +689,7 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
             sys.path[0] = os.path.dirname(os.path.realpath(name)) if kind == "script" else os.getcwd()
         try:
             if kind == "script":
-                runpy.run_path(name, run_name="__main__")
+                _exec_as_main(name)
             else:
                 runpy.run_module(name, run_name="__main__", alter_sys=True)
             code = 0
