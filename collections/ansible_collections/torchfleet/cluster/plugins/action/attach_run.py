@@ -50,7 +50,6 @@ class ActionModule(ActionBase):
         last_progress = started
         while True:
             wait = max(args["poll_interval"], args["progress_interval"] - (time.monotonic() - last_progress))
-            called = time.monotonic()
             try:
                 state = self._execute_module(module_name="torchfleet.cluster.run_state",
                                              module_args={"node_dir": args["node_dir"], "run_id": args["run_id"],
@@ -87,8 +86,6 @@ class ActionModule(ActionBase):
             if time.monotonic() - last_progress >= args["progress_interval"]:
                 last_progress = time.monotonic()
                 display.display(progress_line(run, time.monotonic() - started))
-            if time.monotonic() - called < args["poll_interval"]:
-                time.sleep(args["poll_interval"])  # no run folder yet: the call did not wait
 
 
 def progress_line(run, elapsed):
