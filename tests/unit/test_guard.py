@@ -195,9 +195,9 @@ def test_a_rank_that_lost_a_peer_aborts_only_once_the_peers_guards_are_seen_aliv
 
 
 @pytest.mark.parametrize("argv, target", [
-    (["{python}", "{script}", "--epoch", "1"], ("script", "{script}")),
-    (["{python}", "{script}"], ("script", "{script}")),
-    (["{python}", "-m", "torch.distributed.run", "--nnodes", "2"], ("module", "torch.distributed.run")),
+    (["{python}", "{script}", "--epoch", "1"], ("script", "{script}", ["--epoch", "1"])),
+    (["{python}", "{script}"], ("script", "{script}", [])),
+    (["{python}", "-m", "torch.distributed.run", "--nnodes", "2"], ("module", "torch.distributed.run", ["--nnodes", "2"])),
     (["{python}", "-u", "{script}"], None),           # options change how the interpreter starts
     (["{python}", "-m", "-x"], None),
     (["{python}", "{missing}"], None),                # the interpreter's own error, as it words it
@@ -208,7 +208,7 @@ def test_only_this_interpreter_running_a_script_or_module_is_forked(tmp_path, ar
     script = tmp_path / "train.py"
     script.write_text("")
     names = {"python": sys.executable, "script": str(script), "missing": str(tmp_path / "none.py")}
-    expected = (target[0], target[1].format(**names)) if target else None
+    expected = (target[0], target[1].format(**names), target[2]) if target else None
     assert guard.preload_target([a.format(**names) for a in argv], sys.executable) == expected
 
 

@@ -114,10 +114,10 @@ def peer_wait_over(waited_s: float, moved: dict[int, int], others: list[int], no
     return all(moved.get(i, 0) >= 2 for i in others)
 
 
-def preload_target(argv: list[str], executable: str) -> tuple[str, str] | None:
-    """What a unit that is this very interpreter runs: ``("script", PATH)`` for ``PYTHON
-    SCRIPT ARGS`` (a rank's usual command), ``("module", NAME)`` for ``PYTHON -m NAME ARGS``
-    (a torchrun agent). Such a unit is forked from its guard, which imports torch for its
+def preload_target(argv: list[str], executable: str) -> tuple[str, str, list[str]] | None:
+    """What a unit that is this very interpreter runs: ``("script", PATH, ARGS)`` for ``PYTHON
+    SCRIPT ARGS`` (a rank's usual command), ``("module", NAME, ARGS)`` for ``PYTHON -m NAME
+    ARGS`` (a torchrun agent). Such a unit is forked from its guard, which imports torch for its
     store anyway, instead of started as a new interpreter that imports it again: about 2 s
     of CPU per unit. Any other form (other options, a wrapper, another Python) starts as it is."""
     if len(argv) < 2:
@@ -126,9 +126,9 @@ def preload_target(argv: list[str], executable: str) -> tuple[str, str] | None:
     if not found or not executable or os.path.abspath(found) != os.path.abspath(executable):
         return None
     if argv[1] == "-m" and len(argv) > 2 and re.fullmatch(r"[A-Za-z_][\w.]*", argv[2]):
-        return ("module", argv[2])
+        return ("module", argv[2], argv[3:])
     if not argv[1].startswith("-") and os.path.isfile(argv[1]):
-        return ("script", argv[1])
+        return ("script", argv[1], argv[2:])
     return None
 
 
@@ -216,7 +216,7 @@ class Guard:
 
         target = preload_target(self.argv, sys.executable)
         if target is not None and _import_torch():
-            self.child = Forked(target, self.argv[3:] if target[0] == "module" else self.argv[2:], own_group)
+            self.child = Forked(target, own_group)
         else:
             self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, preexec_fn=own_group)
@@ -592,7 +592,7 @@ class Forked:
     ARGS`` would (see preload_target), with what the guard uses of a Popen: pid, stdout,
     poll, wait, returncode. It forks before the guard starts any thread or connects to the store."""
 
-    def __init__(self, target: tuple[str, str], args: list[str], setup) -> None:
+    def __init__(self, target: tuple[str, str, list[str]], setup) -> None:
         read, write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -603,7 +603,7 @@ class Forked:
             pid = os.fork()
         if pid == 0:
             os.close(read)
-            _run_target(target, args, write, setup)
+            _run_target(target, write, setup)
         os.close(write)
         try:
             os.setpgid(pid, pid)  # also here, so that a stop right away reaches its group
@@ -665,7 +665,7 @@ def _exec_as_main(path: str) -> None:
     exec(code, main.__dict__)  # noqa: S102 - the unit's own script, which it would run anyway
 
 
-def _run_target(target: tuple[str, str], args: list[str], output: int, setup) -> None:
+def _run_target(target: tuple[str, str, list[str]], output: int, setup) -> None:
     """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``), then raise
     ChildExit with its exit code."""
     code = 1
@@ -681,7 +681,7 @@ def _run_target(target: tuple[str, str], args: list[str], output: int, setup) ->
         os.close(null)
         os.close(output)
         sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-        kind, name = target
+        kind, name, args = target
         sys.argv = [name if kind == "script" else "-m", *args]
         # As the interpreter starts a script (or -m): its folder (or the working folder) first
         # on the import path, where the guard's folder was, unless safe_path keeps it off.
