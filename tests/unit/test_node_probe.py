@@ -145,8 +145,8 @@ def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
     assert "launch_python /other/python does not exist" in next(c["msg"] for c in checks if not c["that"])
     # Container modes: the image as check_containers.yml found it, and the job's running containers.
     image = {"launch__input": {"settings": {}}, "launch__node_state": {},
-             "launch__image": {"images": [{"Id": "sha256:1"}]},
-             "launch__job_containers": {"containers": [{"run": "r7", "running": True}, {"run": "r6", "running": False}]}}
+             "launch__job_containers": {"images": [{"Id": "sha256:1"}],
+                                        "containers": [{"run": "r7", "running": True}, {"run": "r6", "running": False}]}}
     failed = [c for c in filters.node_checks([image], ["node-3"], table, False, "img:1", "train") if not c["that"]]
     assert [(c["host"], c["variable"], c["kind"]) for c in failed] == [("node-3", "launch_job", "running")]
     assert "as run r7 on node-3" in failed[0]["msg"]

@@ -14,3 +14,41 @@ def test_a_secret_variable_is_reported_as_its_label_shows_it():
 
 def test_a_container_without_the_label_reports_its_env_as_is():
     assert reported_env(["RANK=0", "GLOO_SOCKET_IFNAME=eth0"], {}) == {"RANK": "0", "GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def _status(tmp_path, capsys, image):
+    """rank_containers' status with ``image``, against a docker CLI that knows one image and no
+    container, as a node with the image and no run of the job would answer."""
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.torchfleet.cluster.plugins.modules import rank_containers
+
+    docker = tmp_path / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2 $3" in\n'
+        '  "image inspect train:1") echo \'[{"Id": "sha256:abc", "RepoTags": ["train:1"]}]\' ;;\n'
+        '  "image inspect down:1") echo "Cannot connect to the Docker daemon" >&2; exit 1 ;;\n'
+        '  "image inspect "*) echo "Error response from daemon: No such image: $3" >&2; exit 1 ;;\n'
+        '  ps*) ;;\n'
+        "  *) exit 3 ;;\n"
+        "esac\n")
+    docker.chmod(0o755)
+    with patch_module_args({"labels": {"torchfleet.job": "train"}, "image": image, "docker_cli": str(docker)}):
+        try:
+            rank_containers.main()
+        except SystemExit:
+            pass
+    return json.loads(capsys.readouterr().out)
+
+
+def test_status_reads_the_image_in_the_same_run(tmp_path, capsys):
+    result = _status(tmp_path, capsys, "train:1")
+    assert not result.get("failed") and result["containers"] == []
+    assert result["images"] == [{"Id": "sha256:abc", "RepoTags": ["train:1"]}]
+
+
+def test_an_image_the_node_lacks_is_empty_and_an_engine_that_fails_is_a_failure(tmp_path, capsys):
+    assert _status(tmp_path, capsys, "other:2")["images"] == []
+    failed = _status(tmp_path, capsys, "down:1")
+    assert failed["failed"] and "Cannot connect to the Docker daemon" in failed["msg"]

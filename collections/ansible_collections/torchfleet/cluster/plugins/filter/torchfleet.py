@@ -87,7 +87,7 @@ def runtime_ready(node, bare):
     found it, or the image, as check_containers.yml looked for it."""
     if bare:
         return bool((node.get("launch__node_state") or {}).get("python_ok"))
-    return len((node.get("launch__image") or {}).get("images") or []) == 1
+    return len((node.get("launch__job_containers") or {}).get("images") or []) == 1
 
 
 def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=False):

@@ -46,6 +46,11 @@ options:
   log_root:
     description: Where I(state=absent) writes logs into a folder per run (C(<log_root>/<run>/)) instead of I(log_dir).
     type: path
+  image:
+    description:
+      - With I(state=status), an image to look for as well, returned in C(images), so a launch's
+        check reads the node in one module run.
+    type: str
   docker_cli:
     description: The docker command.
     type: str
@@ -56,6 +61,11 @@ RETURN = r"""
 containers:
   description: One entry per container, ordered by rank.
   returned: always
+  type: list
+  elements: dict
+images:
+  description: With I(image), that image (its C(Id) and C(RepoTags)) where the node has it; else empty.
+  returned: when image is set
   type: list
   elements: dict
 """
@@ -144,6 +154,18 @@ def find(module):
     return sorted(found, key=lambda c: c["rank"])
 
 
+def image_info(module, name):
+    """The image ``name`` as a one-item list, or [] where the node lacks it (as docker_image_info)."""
+    if not module.get_bin_path(module.params["docker_cli"]):
+        return []
+    rc, out, err = _cli(module, "image", "inspect", name, check=False)
+    if rc != 0:
+        if "no such image" in (err + out).lower():
+            return []
+        module.fail_json(msg=f"docker image inspect {name} failed: {err.strip() or out.strip()}")
+    return [{"Id": i["Id"], "RepoTags": i.get("RepoTags") or []} for i in json.loads(out)]
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -154,6 +176,7 @@ def main():
             "exited_only": {"type": "bool", "default": False},
             "wait_s": {"type": "float", "default": 0},
             "log_root": {"type": "path"},
+            "image": {"type": "str"},
             "docker_cli": {"type": "str", "default": "docker"},
         },
         supports_check_mode=True,
@@ -165,7 +188,8 @@ def main():
             c["last_line"] = recent.splitlines()[-1] if recent else ""
             if c["exit_code"] not in (None, 0):
                 c["log_tail"] = recent
-        module.exit_json(changed=False, containers=containers)
+        images = {"images": image_info(module, module.params["image"])} if module.params["image"] else {}
+        module.exit_json(changed=False, containers=containers, **images)
 
     if module.params["exited_only"]:
         containers = [c for c in containers if not c["running"]]
