@@ -158,3 +158,16 @@ def test_the_cpu_pinning_roles_checks_are_the_launchs_rules():
     assert bad == [{"that": False, "variable": "cpu_pinning_cores_per_rank",
                     "msg": "cpu_pinning_cores_per_rank=-2 must be 0 (split the cores evenly) or more"}]
     assert filters.pinning_checks({"cpu_pinning_ranks": 0}, "n")[0]["that"] is False
+
+
+def test_only_the_files_the_node_lacks_or_holds_otherwise_are_copied():
+    src = [{"path": "/c/a.gz", "checksum": "1"}, {"path": "/c/b.gz", "checksum": "2"}, {"path": "/c/c.gz", "checksum": "3"}]
+    dest = [{"path": "/n/a.gz", "checksum": "1", "mode": "0644"},   # the same: left alone
+            {"path": "/n/b.gz", "checksum": "9", "mode": "0644"},   # another content
+            {"path": "/n/c.gz", "checksum": "3", "mode": "0600"}]   # another mode
+    names = ["a.gz", "b.gz", "c.gz", "d.gz", "e.gz"]
+    src.append({"path": "/c/d.gz", "checksum": "4"})                # d.gz: not on the node yet
+    # e.gz: the controller's find did not return it, so copy is left to report it
+    assert filters.files_to_copy(names, src, dest, "0644") == ["b.gz", "c.gz", "d.gz", "e.gz"]
+    assert filters.files_to_copy(["a.gz"], src, dest, "0644") == []
+    assert filters.files_to_copy(["a.gz"], src, [], "0644") == ["a.gz"]

@@ -1,5 +1,7 @@
 """Filters that turn facts into cluster addresses, Gloo interfaces, rank environments and overlay addresses."""
 
+import os
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
@@ -77,6 +79,16 @@ def running_runs(nodes, bare):
     return sorted(set(found))
 
 
+def files_to_copy(names, src_files, dest_files, mode):
+    """Which of ``names`` to copy: those the node (``dest_files``, as ansible.builtin.find
+    returns them with get_checksum) lacks, or holds with another checksum than the
+    controller's (``src_files``) or another mode than ``mode``. A name the controller's find
+    did not return is copied anyway, so that copy reports it."""
+    src = {os.path.basename(f["path"]): f.get("checksum") for f in src_files or []}
+    dest = {os.path.basename(f["path"]): (f.get("checksum"), f.get("mode")) for f in dest_files or []}
+    return [name for name in names if name not in src or dest.get(name) != (src[name], mode)]
+
+
 def taken_port_check(port, table, skip=False):
     """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
     return spec.taken_port_check(port, table, skip)
@@ -146,6 +158,7 @@ class FilterModule:
             "node_checks": node_checks,
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
+            "files_to_copy": files_to_copy,
             "plan_lines": plan_lines,
             "pinning_checks": pinning_checks,
             "taken_port_check": taken_port_check,
