@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: linters, unit tests, molecule scenarios on local docker hosts, and the
-# API/CLI tests on a cluster of their own. It ends with a table of each stage's wall time.
+# API/CLI tests and the fault matrix on a cluster of their own. It ends with a table of each stage's wall time.
 #   ./scripts/test.sh --quick          linters and unit tests only
 #   SCENARIOS="tls mpirun" ./scripts/test.sh   only those scenarios (and no cluster pytest)
-#   SCENARIOS="pytest-faults" ./scripts/test.sh  only the fault matrix
+#   SCENARIOS="pytest-faults" ./scripts/test.sh  only the fault matrix (pytest-cluster: only the
+#                                               API and CLI tests; pytest: both, on one cluster)
 #   LANES=1 ./scripts/test.sh          the cluster stages one after another (LANES=3: in three)
 # The cluster stages wait on docker, on training and on timeouts, so by default they run in
 # two lanes at once (in three, the two cores were shared so thinly that the default scenario
@@ -44,6 +45,8 @@ lane() {
   local item
   for item in "$@"; do
     case $item in
+      # The API and CLI tests and the fault matrix share their two docker hosts (tests/conftest.py).
+      pytest) stage "pytest cluster+faults" pytest -q -ra --durations=0 -m "cluster or faults" tests ;;
       pytest-cluster) stage "pytest cluster" pytest -q -ra --durations=8 -m cluster tests ;;
       pytest-faults) stage "pytest faults" pytest -q -ra --durations=0 -m faults tests ;;
       *) stage "molecule $item" molecule test --scenario-name "$item" ;;
@@ -78,11 +81,11 @@ else
   if [ -n "${SCENARIOS:-}" ]; then
     plan=$SCENARIOS
   elif [ "$lanes" -ge 3 ]; then
-    plan=$'mpirun image-pull tls\ndefault pytest-faults\nbare-metal pytest-cluster overlay'
+    plan=$'mpirun tls image-pull\ndefault bare-metal\npytest overlay'
   elif [ "$lanes" -ge 2 ]; then
-    plan=$'default bare-metal pytest-cluster tls\nmpirun overlay pytest-faults image-pull'
+    plan=$'default bare-metal tls overlay\nmpirun pytest image-pull'
   else
-    plan="default image-pull tls mpirun bare-metal overlay pytest-cluster pytest-faults"
+    plan="default image-pull tls mpirun bare-metal overlay pytest"
   fi
   while read -r -a items; do
     lane "${items[@]}" </dev/null &

@@ -2,8 +2,10 @@
 (its own name and subnet, so the suite's lanes can run side by side), made and removed
 through the API, and a way into its nodes."""
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,11 @@ import pytest
 import torchfleet
 
 ROOT = Path(__file__).resolve().parents[1]
+TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
+# The two docker hosts that the API and CLI tests and the fault matrix share (tests/conftest.py);
+# every molecule scenario has a subnet of its own.
+NAME = "pytest-cluster"
+SUBNET = "172.29.6.0/24"
 # The nodes' engines start with the training image, from the seed that scripts/test.sh makes
 # (loading it is the molecule default and tls scenarios' test); without a seed, they load it.
 ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet"),
@@ -41,3 +48,11 @@ def node_sh(cluster: str, node: str, command: str, check: bool = True) -> subpro
     if check and done.returncode != 0:
         raise AssertionError(f"{node}: {command}: {done.stderr}")
     return done
+
+
+def cli(*args, inventory_dir: Path, runs_dir: Path) -> tuple[int, dict]:
+    """The torchfleet command to its end: (exit code, its --json document)."""
+    env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
+    done = subprocess.run([TORCHFLEET, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert done.stdout.lstrip().startswith("{"), done.stdout + done.stderr
+    return done.returncode, json.loads(done.stdout)

@@ -1,4 +1,5 @@
-"""The fault matrix's own two-node local docker-host cluster, and how to break it."""
+"""The fault matrix on the two docker hosts it shares with the API and CLI tests
+(tests/conftest.py), and how to break them."""
 
 import configparser
 import json
@@ -6,17 +7,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from harness import ENV, ROOT, local_cluster, local_cluster_down, mark_folder, node_sh
+import torchfleet
+from harness import ENV, NAME, ROOT, TORCHFLEET, mark_folder, node_sh
 
-NAME = "pytest-faults"
-SUBNET = "172.29.8.0/24"  # every molecule scenario and pytest cluster has its own
-TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
 WORKLOAD = ROOT / "tests" / "fixtures" / "workloads" / "faults" / "faults.py"
 # Short enough to keep the matrix quick, long enough for two cores shared with the nodes.
 NODE_TIMEOUT = 4
@@ -45,16 +42,16 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def faults_cluster(tmp_path_factory):
-    inventory_dir = tmp_path_factory.mktemp("inventory")
-    runs_dir = tmp_path_factory.mktemp("runs")
-    cluster = local_cluster(NAME, SUBNET, inventory_dir, runs_dir, progress=False)
-    cluster.env.update(CONTROLLER_ENV)
-    cluster.provision()
+def faults_cluster(provisioned, inventory_dir, tmp_path_factory):
+    """The shared cluster, through a Cluster of the matrix's own: its SSH settings, and a runs
+    folder apart from the API and CLI tests' runs."""
+    shared = provisioned[0]
+    runs_dir = tmp_path_factory.mktemp("faults-runs")
+    cluster = torchfleet.Cluster(shared.inventory, extra_vars=shared.extra_vars, runs_dir=runs_dir, progress=False,
+                                 env={**shared.env, **CONTROLLER_ENV})
     yield Faults(cluster, inventory_dir, runs_dir)
     for node in ("node-1", "node-2"):
         subprocess.run(["docker", "unpause", f"{NAME}-{node}"], capture_output=True)
-    local_cluster_down(NAME, inventory_dir, progress=False)
 
 
 class Faults:

@@ -6,11 +6,12 @@ margin), that no rank is left on any node, and that the logs were kept.
 """
 
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
+
+from harness import NAME
 
 from .conftest import NODE_TIMEOUT, WORKLOAD, ended_at, finish
 
@@ -203,7 +204,7 @@ def test_replace_stops_the_running_run_first_and_keeps_its_logs(faults_cluster):
 def test_a_taken_port_on_the_master_starts_nothing(faults_cluster, port, variable):
     f = faults_cluster
     address = f.node("node-1", "hostname -i").split()[0]
-    holder = subprocess.Popen(["docker", "exec", "pytest-faults-node-1", "python3", "-c",
+    holder = subprocess.Popen(["docker", "exec", f"{NAME}-node-1", "python3", "-c",
                                f"import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{address}', {port})); s.listen(); "
                                "print('listening', flush=True); time.sleep(120)  # port-holder"],
                               stdout=subprocess.PIPE, text=True)
