@@ -39,6 +39,8 @@ class ActionModule(ActionBase):
         args = core.validate_args(self, ARGS)
         if args["timeout"] < 1:
             return dict(result, failed=True, msg=f"timeout={args['timeout']} must be 1 or more (seconds)")
+        if self._task.check_mode:
+            return dict(result, changed=True, msg="the archive would be sent and loaded")
         path = args["src"]
         try:
             if not args["on_node"]:
