@@ -162,7 +162,7 @@ def test_ctrl_c_on_launch_stops_everything_and_keeps_the_logs(faults_cluster):
 
 def test_a_killed_controller_leaves_the_run_supervised_and_its_job_locked(faults_cluster):
     f = faults_cluster
-    launch = f.launch("orphan", seconds=40)
+    launch = f.launch("orphan", workload_args=["--until-file", "finish"])
     f.wait_running("orphan", launch=launch)
     launch.kill()
     launch.wait()
@@ -174,11 +174,19 @@ def test_a_killed_controller_leaves_the_run_supervised_and_its_job_locked(faults
     code, out = f.cli("runs")
     assert {"run_id": "orphan", "state": "running"}.items() <= next(
         r for r in out["runs"] if r["run_id"] == "orphan").items()
-    # A new process follows it to its end and collects it.
-    code, out = f.cli("attach", "orphan")
+    # A new process follows it to its end, which comes once the ranks find their file (a few
+    # seconds on, to let it start following), and collects it.
+    attach = subprocess.Popen(f.args("attach", "--json", "orphan"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=f.env)
+    time.sleep(8)
+    assert attach.poll() is None, "attach ended while the run still ran"
+    for node in ("node-1", "node-2"):
+        f.node(node, "touch /var/lib/torchfleet/runs/orphan/finish")
+    code, out = finish(attach)
     assert code == 0, out
     assert {r["outcome"] for r in out["run"]["ranks"]} == {"ok"}
-    assert (f.runs_dir / "orphan" / "rank-1.log").read_text().count("step at") >= 30
+    # Steps were made all along, before and after the controller was killed.
+    assert (f.runs_dir / "orphan" / "rank-1.log").read_text().count("step at") >= 10
     assert_nothing_left(f)
 
 
