@@ -698,6 +698,41 @@ def unit_index(units: list[Mapping[str, Any]]) -> dict[str, dict[str, list[int]]
     return index
 
 
+def mesh_paths(settings: Mapping[str, Any]) -> dict[str, str]:
+    """The SSH mesh's file that the mpirun mode needs of a node: the launcher's ssh client
+    configuration on the master, sshd's configuration on the others."""
+    return {"master": f"{settings['ssh_client_dir']}/config", "worker": f"{settings['ssh_node_dir']}/sshd_config"}
+
+
+def mesh_checks(reading: Mapping[str, Any], image_account: Mapping[str, Any] | None, settings: Mapping[str, Any],
+                master: bool, image: str) -> list[dict[str, Any]]:
+    """The mpirun mode's check_input entries for a node: its mesh file is there (``reading``:
+    node_probe's, with ``missing`` and ``account``, the node's account of the mesh's uid), no
+    login account has that uid (it would own the mesh's private keys), and the image has a
+    user of that name and uid (``image_account``: rank_containers', None where the node lacks
+    the image, which the runtime check reports)."""
+    path = mesh_paths(settings)["master" if master else "worker"]
+    uid, user = settings["ssh_uid"], settings["ssh_user"]
+    checks = [{"that": path not in (reading.get("missing") or []), "kind": "node", "variable": "launch_mode",
+               "msg": f"launch_mode=mpirun but {path} is missing; run site.yml with launch_mode: mpirun "
+                      "(it adds the ssh_mesh role)"}]
+    account = reading.get("account")
+    login = bool(account) and account[6].rsplit("/", 1)[-1] not in ("nologin", "false")
+    checks.append({"that": not login, "kind": "node", "variable": "launch_ssh_uid",
+                   "msg": f"ssh_mesh_uid {uid} belongs to the login account {account[0] if account else ''} (shell "
+                          f"{account[6] if account else ''}), which would own the mesh's private keys; set "
+                          "ssh_mesh_uid and ssh_mesh_gid to a uid that no login account has, as the training "
+                          f"image's {user} user (61000) does"})
+    if image_account is not None:
+        entry = image_account.get("entry")
+        found = ":".join(entry) if entry else image_account.get("error") or "nothing"
+        checks.append({"that": bool(entry) and entry[0] == user, "kind": "node", "variable": "launch_ssh_uid",
+                       "msg": f"the image {image} has no user {user} with ssh_mesh_uid {uid} (getent passwd {uid}: "
+                              f"{found}); add it to the image (useradd --uid {uid} {user}) or set ssh_mesh_uid and "
+                              "ssh_mesh_user to the image's own"})
+    return checks
+
+
 def missing_path_check(needed: Mapping[str, str]) -> dict[str, Any]:
     """A failed check_input entry for a path a node lacks (``needed``: one of node_paths)."""
     return {"that": False, "kind": "node", "variable": needed["variable"],
@@ -713,14 +748,16 @@ def taken_port_check(port: Any, table: Mapping[str, Any], skip: bool = False) ->
 
 def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: list[str], table: Mapping[str, Any], *,
                 bare: bool, runtime: str, settings: Mapping[str, Any], job: str, planning: bool,
-                replace: bool) -> list[dict[str, Any]]:
+                replace: bool, mpirun: bool = False,
+                image_account: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """check_input's checks of a node's state against the launch: its runtime (``runtime``:
     launch_python, or launch_image where ``bare`` is false), each path its ranks need
     (``reading``: node_probe's, with ``missing`` and ``listening``), a run of the job that
     still runs there (``running``), and the ports already taken on the master (``host``
     is the master's where ``table`` says so). A plan
     (``planning``) reports what it finds and fails on none; under ``replace`` the ports
-    are checked once the replaced run has stopped."""
+    are checked once the replaced run has stopped. Under ``mpirun``, the SSH mesh's checks
+    (mesh_checks) come too."""
     if bare:
         runtime_check = {"variable": "launch_python",
                          "msg": f"launch_python {runtime} does not exist; run site.yml with torchfleet_python_env: true first"}
@@ -737,6 +774,8 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
     skip_ports = planning or replace or bool(running)
     taken = reading.get("listening") or [] if host == table["master_host"] else []
     checks += [taken_port_check(port, table, skip_ports) for port in taken]
+    if mpirun:
+        checks += mesh_checks(reading, image_account, settings, host == table["master_host"], runtime)
     return checks
 
 

@@ -152,6 +152,70 @@ def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
     assert "as run r7 on node-3" in failed[0]["msg"]
 
 
+MESH = {"ssh_uid": 61000, "ssh_user": "torchfleet", "ssh_client_dir": "/etc/tf/ssh-client", "ssh_node_dir": "/etc/tf/ssh"}
+IMAGE_USER = {"entry": ["torchfleet", "x", "61000", "61000", "", "/home/torchfleet", "/bin/bash"], "error": None}
+
+
+def _mesh(reading=None, image_account=IMAGE_USER, master=False, **settings):
+    reading = {"missing": [], "account": None, **(reading or {})}
+    return [c for c in spec.mesh_checks(reading, image_account, {**MESH, **settings}, master, "img:1") if not c["that"]]
+
+
+def test_a_node_with_its_mesh_file_a_free_uid_and_an_image_with_the_user_passes():
+    assert _mesh() == [] and _mesh(master=True) == []
+    # An account with that uid is fine where no one can log in with it.
+    assert _mesh({"account": ["torchfleet", "x", "61000", "61000", "", "/home/t", "/usr/sbin/nologin"]}) == []
+
+
+def test_the_mesh_file_checked_is_the_launchers_on_the_master_and_sshds_elsewhere():
+    gone = {"missing": ["/etc/tf/ssh-client/config", "/etc/tf/ssh/sshd_config"]}
+    master, worker = _mesh(gone, master=True), _mesh(gone)
+    assert master[0]["variable"] == "launch_mode" and "/etc/tf/ssh-client/config is missing" in master[0]["msg"]
+    assert "/etc/tf/ssh/sshd_config is missing; run site.yml with launch_mode: mpirun" in worker[0]["msg"]
+    assert _mesh({"missing": ["/etc/tf/ssh/sshd_config"]}, master=True) == []
+
+
+def test_a_login_account_with_the_mesh_uid_is_refused():
+    failed = _mesh({"account": ["ubuntu", "x", "1000", "1000", "", "/home/ubuntu", "/bin/bash"]}, ssh_uid=1000)
+    assert [c["variable"] for c in failed] == ["launch_ssh_uid"]
+    assert "ssh_mesh_uid 1000 belongs to the login account ubuntu (shell /bin/bash)" in failed[0]["msg"]
+
+
+def test_an_image_without_the_mesh_user_is_refused_with_what_getent_said():
+    failed = _mesh(image_account={"entry": None, "error": None}, ssh_uid=61001)
+    assert "the image img:1 has no user torchfleet with ssh_mesh_uid 61001 (getent passwd 61001: nothing)" \
+        in failed[0]["msg"]
+    other = _mesh(image_account={"entry": ["app", "x", "61000", "61000", "", "/app", "/bin/sh"], "error": None})
+    assert "(getent passwd 61000: app:x:61000:61000::/app:/bin/sh)" in other[0]["msg"]
+    broken = _mesh(image_account={"entry": None, "error": "exec: getent: not found"})
+    assert "(getent passwd 61000: exec: getent: not found)" in broken[0]["msg"]
+    # A node without the image has no answer: its missing image is the runtime check's.
+    assert _mesh(image_account=None) == []
+
+
+def test_the_mesh_checks_come_with_the_node_checks_under_mpirun_only():
+    table = {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-1"}
+    node = {"launch__input": {"settings": MESH}, "launch__node_state": {"missing": ["/etc/tf/ssh/sshd_config"]},
+            "launch__job_containers": {"images": [{"Id": "sha256:1"}], "containers": [],
+                                       "image_account": {"entry": None, "error": None}}}
+    failed = [(c["host"], c["variable"]) for c in filters.node_checks([node], ["node-2"], table, False, "img:1", "t",
+                                                                      mpirun=True) if not c["that"]]
+    assert failed == [("node-2", "launch_mode"), ("node-2", "launch_ssh_uid")]
+    assert [c for c in filters.node_checks([node], ["node-2"], table, False, "img:1", "t") if not c["that"]] == []
+
+
+def test_the_probe_reads_the_nodes_account_of_a_uid():
+    import os
+    import pwd
+
+    from ansible_collections.torchfleet.cluster.plugins.modules import node_probe
+
+    mine = node_probe.account(os.getuid())
+    assert mine[0] == pwd.getpwuid(os.getuid()).pw_name and mine[2] == str(os.getuid()) and len(mine) == 7
+    free = next(u for u in range(64000, 65000) if u not in {p.pw_uid for p in pwd.getpwall()})
+    assert node_probe.account(free) is None
+
+
 def test_the_cpu_pinning_roles_checks_are_the_launchs_rules():
     assert [c["that"] for c in filters.pinning_checks({"cpu_pinning_cores_per_rank": 0, "cpu_pinning_ranks": 2}, "n")] == [True]
     bad = filters.pinning_checks({"cpu_pinning_cores_per_rank": -2, "cpu_pinning_ranks": 2}, "n")

@@ -52,3 +52,49 @@ def test_an_image_the_node_lacks_is_empty_and_an_engine_that_fails_is_a_failure(
     assert _status(tmp_path, capsys, "other:2")["images"] == []
     failed = _status(tmp_path, capsys, "down:1")
     assert failed["failed"] and "Cannot connect to the Docker daemon" in failed["msg"]
+
+
+def _account(tmp_path, capsys, getent):
+    """rank_containers' status asking train:1's account of uid 61000, against a docker CLI
+    whose `run` answers as ``getent`` (a shell line) and logs each call."""
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.torchfleet.cluster.plugins.modules import rank_containers
+
+    docker = tmp_path / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in\n'
+        '  image) echo \'[{"Id": "sha256:abc", "RepoTags": ["train:1"]}]\' ;;\n'
+        '  ps) ;;\n'
+        f'  run) echo "$*" >> {tmp_path}/runs; {getent} ;;\n'
+        "  *) exit 3 ;;\n"
+        "esac\n")
+    docker.chmod(0o755)
+    with patch_module_args({"labels": {"torchfleet.job": "train"}, "image": "train:1", "image_uid": 61000,
+                            "cache_dir": str(tmp_path / "cache"), "docker_cli": str(docker)}):
+        try:
+            rank_containers.main()
+        except SystemExit:
+            pass
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_images_account_is_asked_once_per_image_id_and_then_kept(tmp_path, capsys):
+    found = "echo torchfleet:x:61000:61000::/home/torchfleet:/bin/bash"
+    first = _account(tmp_path, capsys, found)
+    assert first["image_account"] == {"entry": ["torchfleet", "x", "61000", "61000", "", "/home/torchfleet",
+                                                "/bin/bash"], "error": None}
+    assert (tmp_path / "runs").read_text().split() == ["run", "--rm", "--network", "none", "--entrypoint", "getent",
+                                                       "sha256:abc", "passwd", "61000"]
+    # Asked again, the node answers from what it kept: no second container.
+    assert _account(tmp_path, capsys, "exit 99")["image_account"] == first["image_account"]
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+
+
+def test_an_image_without_the_account_is_an_answer_and_a_failed_run_is_not_kept(tmp_path, capsys):
+    assert _account(tmp_path, capsys, "exit 2")["image_account"] == {"entry": None, "error": None}
+    (tmp_path / "cache").rename(tmp_path / "old-cache")
+    broken = _account(tmp_path, capsys, "echo 'exec: getent: not found' >&2; exit 127")["image_account"]
+    assert broken == {"entry": None, "error": "exec: getent: not found"}
+    assert not (tmp_path / "cache").exists()

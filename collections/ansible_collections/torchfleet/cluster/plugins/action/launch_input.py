@@ -26,7 +26,8 @@ description:
     in every node's worker, which made this the launch's costliest task per node.
   - Once the input passed, runs node_probe on the node with I(probe), adding what the input
     decides, which is the paths the ranks need (torchfleet.spec.node_paths), whether to read the CPU
-    topology (pinning), and whether to gather the addresses (not yet in the node's facts).
+    topology (pinning), and whether to gather the addresses (not yet in the node's facts);
+    under launch_mode mpirun also the SSH mesh's files and the node's account of its uid.
     One task instead of two, since each task costs the controller a process per node. A node
     whose input fails is not probed.
   - Returns node_probe's result, with C(launch__input) added to its facts.
@@ -57,9 +58,13 @@ class ActionModule(ActionBase):
             checked["pinning"] = self._pinning(args["pinning_role"], task_vars, host)
         except InventoryError as exc:
             return core.fail_input(result, exc)
+        paths = [p["path"] for p in spec.node_paths(checked["settings"])]
         probe = dict(args["probe"], facts="ansible_all_ipv4_addresses" not in task_vars,
-                     topology=checked["pinning"]["enabled"],
-                     paths=[p["path"] for p in spec.node_paths(checked["settings"])])
+                     topology=checked["pinning"]["enabled"], paths=paths)
+        if values.get("launch_mode") == "mpirun":
+            # The mesh's files, and the node's account of the mesh's uid (spec.mesh_checks).
+            probe.update(paths=paths + list(spec.mesh_paths(checked["settings"]).values()),
+                         uid=checked["settings"]["ssh_uid"])
         result.update(self._execute_module("torchfleet.cluster.node_probe", module_args=probe, task_vars=task_vars))
         if not result.get("failed"):
             result["ansible_facts"] = dict(result.get("ansible_facts") or {}, launch__input=checked)

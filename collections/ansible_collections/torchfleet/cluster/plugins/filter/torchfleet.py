@@ -102,7 +102,7 @@ def runtime_ready(node, bare):
     return len((node.get("launch__job_containers") or {}).get("images") or []) == 1
 
 
-def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=False):
+def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=False, mpirun=False):
     """check_input's checks of every node's state (torchfleet.spec.node_checks), each with
     its host, from what each node's own tasks read (``nodes``: the hostvars of ``hosts``):
     one task on the controller, where a task per node costs a process per node."""
@@ -112,7 +112,8 @@ def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=F
         found = spec.node_checks(host, node.get("launch__node_state") or {}, runtime_ready(node, bare),
                                  running_runs([node], bare), table, bare=bare,
                                  runtime=settings.get("python") if bare else image, settings=settings, job=job,
-                                 planning=planning, replace=replace)
+                                 planning=planning, replace=replace, mpirun=mpirun,
+                                 image_account=(node.get("launch__job_containers") or {}).get("image_account"))
         checks += [dict(c, host=host) for c in found]
     return checks
 

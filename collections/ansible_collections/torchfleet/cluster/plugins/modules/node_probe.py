@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -54,6 +55,9 @@ options:
   checksum:
     description: A file whose SHA-256 comes back as I(sha256) (null when there is none), so an unchanged one is not sent again.
     type: path
+  uid:
+    description: A uid whose account on the node comes back as I(account) (the mpirun mode's mesh uid must not be a login's).
+    type: int
 """
 
 RETURN = r"""
@@ -69,6 +73,7 @@ missing: {description: The I(paths) that do not exist., returned: always, type: 
 listening: {description: The I(ports) that a socket listens on., returned: always, type: list}
 running_runs: {description: The runs of I(job) with a rank that still runs., returned: always, type: list}
 sha256: {description: I(checksum)'s SHA-256, or null., returned: with checksum, type: str}
+account: {description: I(uid)'s passwd fields on the node (name, password, uid, gid, gecos, home, shell), or null., returned: with uid, type: list}
 """
 
 _LISTEN = "0A"
@@ -127,6 +132,16 @@ def sha256(path):
     return digest.hexdigest()
 
 
+def account(uid):
+    """The passwd fields of ``uid``'s account on this node, as getent lists them, or None."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return None
+    return [entry.pw_name, entry.pw_passwd, str(entry.pw_uid), str(entry.pw_gid), entry.pw_gecos, entry.pw_dir,
+            entry.pw_shell]
+
+
 def _read(path):
     try:
         with open(path) as fh:
@@ -146,6 +161,7 @@ def main():
             "run_root": {"type": "path"},
             "job": {"type": "str"},
             "checksum": {"type": "path"},
+            "uid": {"type": "int"},
         },
         supports_check_mode=True,
     )
@@ -171,6 +187,8 @@ def main():
         result["python_ok"] = os.path.isfile(p["python"]) and os.access(p["python"], os.X_OK)
     if p["checksum"]:
         result["sha256"] = sha256(p["checksum"])
+    if p["uid"] is not None:
+        result["account"] = account(p["uid"])
     result["running_runs"] = sorted({e["run"] for e in find(module, p["run_root"], True, p["job"]) if e["running"]}) \
         if p["run_root"] and p["job"] and os.path.isdir(p["run_root"]) else []
     module.exit_json(**result)

@@ -51,6 +51,17 @@ options:
       - With I(state=status), an image to look for as well, returned in C(images), so a launch's
         check reads the node in one module run.
     type: str
+  image_uid:
+    description:
+      - With I(image), a uid whose account in the image comes back as C(image_account):
+        getent in a throwaway container with no network. The mpirun mode runs sshd and its
+        ranks as that uid.
+    type: int
+  cache_dir:
+    description:
+      - With I(image_uid), where the answer is kept per image ID and uid, so a launch starts
+        that container once per image rather than on every launch.
+    type: path
   docker_cli:
     description: The docker command.
     type: str
@@ -68,6 +79,13 @@ images:
   returned: when image is set
   type: list
   elements: dict
+image_account:
+  description:
+    - With I(image_uid), where the node has the image, C(entry) (the passwd fields of that
+      uid's account in the image, or null where it has none) and C(error) (getent's error,
+      if it could not answer).
+  returned: when image_uid is set and the node has the image
+  type: dict
 """
 
 # The part of each rank's environment worth keeping in the run report.
@@ -166,6 +184,29 @@ def image_info(module, name):
     return [{"Id": i["Id"], "RepoTags": i.get("RepoTags") or []} for i in json.loads(out)]
 
 
+def image_account(module, image_id, uid, cache_dir):
+    """``{entry, error}``: ``uid``'s passwd fields in the image ``image_id`` (None where it has
+    no such account), from getent in a container with no network. An image ID names the
+    image's content, so its answer is kept in ``cache_dir`` and never asked again."""
+    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-{uid}.json") if cache_dir else None
+    if cached and os.path.exists(cached):
+        with open(cached) as fh:
+            return json.load(fh)
+    rc, out, err = _cli(module, "run", "--rm", "--network", "none", "--entrypoint", "getent", image_id,
+                        "passwd", str(uid), check=False)
+    # getent exits 2 for a key it does not find: an answer, and kept like a found one.
+    if rc not in (0, 2):
+        return {"entry": None, "error": (err.strip() or out.strip() or f"exit {rc}")}
+    answer = {"entry": out.strip().split(":") if rc == 0 and out.strip() else None, "error": None}
+    if cached:
+        os.makedirs(cache_dir, exist_ok=True)
+        part = f"{cached}.{os.getpid()}"
+        with open(part, "w") as fh:
+            json.dump(answer, fh)
+        os.replace(part, cached)
+    return answer
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -177,6 +218,8 @@ def main():
             "wait_s": {"type": "float", "default": 0},
             "log_root": {"type": "path"},
             "image": {"type": "str"},
+            "image_uid": {"type": "int"},
+            "cache_dir": {"type": "path"},
             "docker_cli": {"type": "str", "default": "docker"},
         },
         supports_check_mode=True,
@@ -189,6 +232,9 @@ def main():
             if c["exit_code"] not in (None, 0):
                 c["log_tail"] = recent
         images = {"images": image_info(module, module.params["image"])} if module.params["image"] else {}
+        if images.get("images") and module.params["image_uid"] is not None:
+            images["image_account"] = image_account(module, images["images"][0]["Id"], module.params["image_uid"],
+                                                    module.params["cache_dir"])
         module.exit_json(changed=False, containers=containers, **images)
 
     if module.params["exited_only"]:
