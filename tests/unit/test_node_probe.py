@@ -235,3 +235,12 @@ def test_only_the_files_the_node_lacks_or_holds_otherwise_are_copied():
     assert filters.files_to_copy(names, src, dest, "0644") == ["b.gz", "c.gz", "d.gz", "e.gz"]
     assert filters.files_to_copy(["a.gz"], src, dest, "0644") == []
     assert filters.files_to_copy(["a.gz"], src, [], "0644") == ["a.gz"]
+
+
+def test_where_an_owner_is_asked_a_file_held_by_another_uid_or_gid_is_copied_again():
+    src = [{"path": "/c/k", "checksum": "1"}, {"path": "/c/k.pub", "checksum": "2"}]
+    dest = [{"path": "/n/k", "checksum": "1", "mode": "0600", "uid": 61000, "gid": 61000},
+            {"path": "/n/k.pub", "checksum": "2", "mode": "0600", "uid": 0, "gid": 61000}]
+    assert filters.files_to_copy(["k", "k.pub"], src, dest, "0600", 61000, 61000) == ["k.pub"]
+    assert filters.files_to_copy(["k", "k.pub"], src, dest, "0600", "61000", 0) == ["k", "k.pub"]
+    assert filters.files_to_copy(["k", "k.pub"], src, dest, "0600") == []

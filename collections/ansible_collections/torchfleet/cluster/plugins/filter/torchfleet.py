@@ -79,14 +79,22 @@ def running_runs(nodes, bare):
     return sorted(set(found))
 
 
-def files_to_copy(names, src_files, dest_files, mode):
+def files_to_copy(names, src_files, dest_files, mode, owner=None, group=None):
     """Which of ``names`` to copy: those the node (``dest_files``, as ansible.builtin.find
     returns them with get_checksum) lacks, or holds with another checksum than the
-    controller's (``src_files``) or another mode than ``mode``. A name the controller's find
-    did not return is copied anyway, so that copy reports it."""
+    controller's (``src_files``), another mode than ``mode``, or where given another
+    ``owner`` or ``group`` (numeric ids). A name the controller's find did not return is
+    copied anyway, so that the copy reports it."""
     src = {os.path.basename(f["path"]): f.get("checksum") for f in src_files or []}
-    dest = {os.path.basename(f["path"]): (f.get("checksum"), f.get("mode")) for f in dest_files or []}
-    return [name for name in names if name not in src or dest.get(name) != (src[name], mode)]
+    dest = {os.path.basename(f["path"]): f for f in dest_files or []}
+
+    def same(name):
+        held = dest.get(name)
+        return held is not None and (held.get("checksum"), held.get("mode")) == (src[name], mode) \
+            and (owner is None or str(held.get("uid")) == str(owner)) \
+            and (group is None or str(held.get("gid")) == str(group))
+
+    return [name for name in names if name not in src or not same(name)]
 
 
 def taken_port_check(port, table, skip=False):
