@@ -7,17 +7,10 @@ import os
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchfleet.cluster.plugins.modules.send_files import OPTIONS
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 
-ARGS = {
-    "src_dir": {"type": "path", "required": True},
-    "dest_dir": {"type": "path", "required": True},
-    "files": {"type": "list", "elements": "str", "required": True},
-    "mode": {"type": "str", "default": "0644"},
-    "dir_mode": {"type": "str", "default": "0755"},
-    "owner": {"type": "str"},
-    "group": {"type": "str"},
-}
+ARGS = {"src_dir": {"type": "path", "required": True}, **OPTIONS}
 
 
 class ActionModule(ActionBase):
@@ -39,7 +32,7 @@ class ActionModule(ActionBase):
             for name in args["files"]:
                 self._transfer_file(os.path.join(args["src_dir"], name), self._connection._shell.join_path(staged, name))
             self._fixup_perms2([staged] + [self._connection._shell.join_path(staged, n) for n in args["files"]])
-            module_args = {k: args[k] for k in ("dest_dir", "files", "mode", "dir_mode", "owner", "group")}
+            module_args = {k: args[k] for k in OPTIONS}
             result.update(self._execute_module(module_name="torchfleet.cluster.send_files",
                                                module_args=dict(module_args, staged_dir=staged), task_vars=task_vars))
         finally:

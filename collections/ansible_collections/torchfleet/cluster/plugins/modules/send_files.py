@@ -34,18 +34,19 @@ sent: {description: The files put in place., returned: always, type: list, eleme
 """
 
 
+# The options the action passes on as they are; the action adds src_dir, the module staged_dir.
+OPTIONS = {
+    "dest_dir": {"type": "path", "required": True},
+    "files": {"type": "list", "elements": "str", "required": True},
+    "mode": {"type": "str", "default": "0644"},
+    "dir_mode": {"type": "str", "default": "0755"},
+    "owner": {"type": "str"},
+    "group": {"type": "str"},
+}
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "staged_dir": {"type": "path", "required": True},
-            "dest_dir": {"type": "path", "required": True},
-            "files": {"type": "list", "elements": "str", "required": True},
-            "mode": {"type": "str", "default": "0644"},
-            "dir_mode": {"type": "str", "default": "0755"},
-            "owner": {"type": "str"},
-            "group": {"type": "str"},
-        },
-    )
+    module = AnsibleModule(argument_spec={"staged_dir": {"type": "path", "required": True}, **OPTIONS})
     p = module.params
     if not os.path.isdir(p["dest_dir"]):
         os.makedirs(p["dest_dir"])
