@@ -1,6 +1,7 @@
-"""What the cluster test folders share: each has a local docker-host cluster of its own
-(its own name and subnet, so the suite's lanes can run side by side), made and removed
-through the API, and a way into its nodes."""
+"""What the cluster test folders share: one local docker-host cluster (its own name and
+subnet, apart from every molecule scenario's, so the suite's lanes can run side by side),
+made and removed through the API, and a way into its nodes. Run the API/CLI tests and the
+fault matrix in one pytest session (test.sh's `pytest`), not as two at once."""
 
 import json
 import os

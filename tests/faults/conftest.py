@@ -47,7 +47,8 @@ def faults_cluster(provisioned, inventory_dir, tmp_path_factory):
     folder apart from the API and CLI tests' runs."""
     shared = provisioned[0]
     runs_dir = tmp_path_factory.mktemp("faults-runs")
-    cluster = torchfleet.Cluster(shared.inventory, extra_vars=shared.extra_vars, runs_dir=runs_dir, progress=False,
+    cluster = torchfleet.Cluster(shared.inventory, extra_vars=shared.extra_vars, project_dir=shared.project_dir,
+                                 runs_dir=runs_dir, progress=False,
                                  env={**shared.env, **CONTROLLER_ENV})
     yield Faults(cluster, inventory_dir, runs_dir)
     for node in ("node-1", "node-2"):

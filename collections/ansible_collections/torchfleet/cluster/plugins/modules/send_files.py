@@ -19,8 +19,7 @@ description:
     find with checksums on each side); ansible.builtin.copy would check and send each file
     in a task run of its own, per node.
 options:
-  src_dir: {description: The folder on the controller (the action's)., type: path, required: true}
-  staged_dir: {description: Set by the action, the temporary folder on the node that holds the files., type: path}
+  staged_dir: {description: Set by the action (whose own option src_dir names the controller's folder), the temporary folder on the node that holds the files., type: path, required: true}
   dest_dir: {description: The folder on the node., type: path, required: true}
   files: {description: File names in I(src_dir) to send., type: list, elements: str, required: true}
   mode: {description: The files' mode., type: str, default: "0644"}
