@@ -54,7 +54,7 @@ def test_an_image_the_node_lacks_is_empty_and_an_engine_that_fails_is_a_failure(
     assert failed["failed"] and "Cannot connect to the Docker daemon" in failed["msg"]
 
 
-def _account(tmp_path, capsys, getent):
+def _account(tmp_path, capsys, getent, **more):
     """rank_containers' status asking train:1's account of uid 61000, against a docker CLI
     whose `run` answers as ``getent`` (a shell line) and logs each call."""
     from ansible.module_utils.testing import patch_module_args
@@ -72,7 +72,7 @@ def _account(tmp_path, capsys, getent):
         "esac\n")
     docker.chmod(0o755)
     with patch_module_args({"labels": {"torchfleet.job": "train"}, "image": "train:1", "image_uid": 61000,
-                            "cache_dir": str(tmp_path / "cache"), "docker_cli": str(docker)}):
+                            "cache_dir": str(tmp_path / "cache"), "docker_cli": str(docker), **more}):
         try:
             rank_containers.main()
         except SystemExit:
@@ -98,3 +98,12 @@ def test_an_image_without_the_account_is_an_answer_and_a_failed_run_is_not_kept(
     broken = _account(tmp_path, capsys, "echo 'exec: getent: not found' >&2; exit 127")["image_account"]
     assert broken == {"entry": None, "error": "exec: getent: not found"}
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_plan_reads_a_kept_answer_but_keeps_none(tmp_path, capsys):
+    found = "echo torchfleet:x:61000:61000::/home/torchfleet:/bin/bash"
+    asked = _account(tmp_path, capsys, found, keep_answer=False)["image_account"]
+    assert asked["entry"][0] == "torchfleet" and not (tmp_path / "cache").exists()
+    kept = _account(tmp_path, capsys, found)["image_account"]
+    assert _account(tmp_path, capsys, "exit 99", keep_answer=False)["image_account"] == kept == asked
+    assert len((tmp_path / "runs").read_text().splitlines()) == 2

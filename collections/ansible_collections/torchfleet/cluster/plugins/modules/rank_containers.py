@@ -62,6 +62,13 @@ options:
       - With I(image_uid), where the answer is kept per image ID and uid, so a launch starts
         that container once per image rather than on every launch.
     type: path
+  keep_answer:
+    description:
+      - Whether a new answer is written to I(cache_dir). A plan reads a kept answer but
+        keeps none, so that it changes nothing on the node; its throwaway container is
+        removed as it ends.
+    type: bool
+    default: true
   docker_cli:
     description: The docker command.
     type: str
@@ -184,10 +191,11 @@ def image_info(module, name):
     return [{"Id": i["Id"], "RepoTags": i.get("RepoTags") or []} for i in json.loads(out)]
 
 
-def image_account(module, image_id, uid, cache_dir):
+def image_account(module, image_id, uid, cache_dir, keep=True):
     """``{entry, error}``: ``uid``'s passwd fields in the image ``image_id`` (None where it has
     no such account), from getent in a container with no network. An image ID names the
-    image's content, so its answer is kept in ``cache_dir`` and never asked again."""
+    image's content, so its answer is kept in ``cache_dir`` (unless not ``keep``) and never
+    asked again."""
     cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-{uid}.json") if cache_dir else None
     if cached and os.path.exists(cached):
         with open(cached) as fh:
@@ -198,7 +206,7 @@ def image_account(module, image_id, uid, cache_dir):
     if rc not in (0, 2):
         return {"entry": None, "error": (err.strip() or out.strip() or f"exit {rc}")}
     answer = {"entry": out.strip().split(":") if rc == 0 and out.strip() else None, "error": None}
-    if cached:
+    if cached and keep:
         os.makedirs(cache_dir, exist_ok=True)
         part = f"{cached}.{os.getpid()}"
         with open(part, "w") as fh:
@@ -220,6 +228,7 @@ def main():
             "image": {"type": "str"},
             "image_uid": {"type": "int"},
             "cache_dir": {"type": "path"},
+            "keep_answer": {"type": "bool", "default": True},
             "docker_cli": {"type": "str", "default": "docker"},
         },
         supports_check_mode=True,
@@ -234,7 +243,7 @@ def main():
         images = {"images": image_info(module, module.params["image"])} if module.params["image"] else {}
         if images.get("images") and module.params["image_uid"] is not None:
             images["image_account"] = image_account(module, images["images"][0]["Id"], module.params["image_uid"],
-                                                    module.params["cache_dir"])
+                                                    module.params["cache_dir"], module.params["keep_answer"])
         module.exit_json(changed=False, containers=containers, **images)
 
     if module.params["exited_only"]:
