@@ -1,12 +1,15 @@
 """Load a `docker save` archive from the controller into a node's engine, in one task.
 
-The archive is streamed by the connection into the task's temporary folder on the node, then
+The archive is streamed by the connection into the task's temporary folder on the node (the
+image role points ansible_remote_tmp at image_remote_tmp for this task), then
 community.docker.docker_image_load loads it, and the folder goes whatever happened. Nothing
 hashes it: ansible.builtin.copy hashes the whole archive on the controller for every node,
 and again on the node (of the 17 s of CPU that copying 1.3 GB to one node took here, about
 6 s), while the engine checks each layer's digest as it loads, and the image role then tags
 the archive's image ID, which fails where the load did not bring it.
 """
+
+import os
 
 from ansible.plugins.action import ActionBase
 
@@ -16,7 +19,12 @@ DOCUMENTATION = r"""
 module: image_archive_load
 short_description: Stream a docker save archive from the controller into a node's engine and load it
 options:
-  src: {description: The archive on the controller., type: path, required: true}
+  src:
+    description:
+      - The archive on the controller, or with I(on_node) on the node; a C(~) in it is the
+        home folder of the machine that reads it.
+    type: str
+    required: true
   on_node:
     description: The archive is already at I(src) on the node (shared storage); nothing is sent.
     type: bool
@@ -25,7 +33,8 @@ options:
 """
 
 ARGS = {
-    "src": {"type": "path", "required": True},
+    # str, not path: a path option expands ~ on the controller, which is wrong for on_node.
+    "src": {"type": "str", "required": True},
     "on_node": {"type": "bool", "default": False},
     "timeout": {"type": "int", "default": 600},
 }
@@ -41,18 +50,11 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg=f"timeout={args['timeout']} must be 1 or more (seconds)")
         if self._task.check_mode:
             return dict(result, changed=True, msg="the archive would be sent and loaded")
-        path = args["src"]
-        try:
-            if not args["on_node"]:
-                path = self._connection._shell.join_path(self._connection._shell.tmpdir, "image.tar")
-                self._transfer_file(args["src"], path)
-                self._fixup_perms2((self._connection._shell.tmpdir, path))
-            loaded = self._execute_module(
-                module_name="community.docker.docker_image_load",
-                module_args={"path": path, "timeout": args["timeout"]},
-                task_vars=task_vars)
-        finally:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
+        sources = {} if args["on_node"] else {"image.tar": os.path.expanduser(args["src"])}
+        loaded = core.run_with_files(
+            self, task_vars, sources, "community.docker.docker_image_load",
+            lambda staged: {"path": args["src"] if args["on_node"] else self._connection._shell.join_path(staged, "image.tar"),
+                            "timeout": args["timeout"]})
         if loaded.get("failed"):
             loaded["msg"] = f"loading image_archive {args['src']} into the node's engine failed: {loaded.get('msg')}"
         return dict(result, **loaded)

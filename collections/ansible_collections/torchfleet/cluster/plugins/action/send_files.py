@@ -27,14 +27,8 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg=f"{args['src_dir']} on the controller has no {', '.join(missing)}")
         if not args["files"] or self._task.check_mode:
             return dict(result, changed=bool(args["files"]), sent=args["files"])
-        staged = self._connection._shell.tmpdir
-        try:
-            for name in args["files"]:
-                self._transfer_file(os.path.join(args["src_dir"], name), self._connection._shell.join_path(staged, name))
-            self._fixup_perms2([staged] + [self._connection._shell.join_path(staged, n) for n in args["files"]])
-            module_args = {k: args[k] for k in OPTIONS}
-            result.update(self._execute_module(module_name="torchfleet.cluster.send_files",
-                                               module_args=dict(module_args, staged_dir=staged), task_vars=task_vars))
-        finally:
-            self._remove_tmp_path(staged)
+        options = {k: args[k] for k in OPTIONS}
+        result.update(core.run_with_files(
+            self, task_vars, {n: os.path.join(args["src_dir"], n) for n in args["files"]},
+            "torchfleet.cluster.send_files", lambda staged: dict(options, staged_dir=staged)))
         return result

@@ -38,3 +38,21 @@ def validate_args(action, spec):
 
         raise AnsibleActionFail(f"{action._task.action}: " + "; ".join(validated.error_messages))
     return validated.validated_parameters
+
+
+def run_with_files(action, task_vars, sources, module, module_args):
+    """Stream ``sources`` ({name: path on the controller}) into the task's temporary folder on
+    the node, run ``module`` with ``module_args(folder)``, and remove the folder whatever
+    happened. For actions with TRANSFERS_FILES, whose run made the folder: one task sends
+    and applies, with nothing hashed on the way (the callers say why that is safe)."""
+    shell = action._connection._shell
+    staged = shell.tmpdir
+    try:
+        paths = [shell.join_path(staged, name) for name in sources]
+        for path, src in zip(paths, sources.values()):
+            action._transfer_file(src, path)
+        if paths:
+            action._fixup_perms2([staged] + paths)
+        return action._execute_module(module_name=module, module_args=module_args(staged), task_vars=task_vars)
+    finally:
+        action._remove_tmp_path(staged)
