@@ -496,6 +496,8 @@ class Guard:
     def abort(self, abort: dict, exits: dict) -> int:
         if not self.ending.acquire(blocking=False):
             threading.Event().wait()  # the watchdog is ending this guard
+        # When this guard learnt of the abort, apart from how long its unit then took to end.
+        self.state["abort_seen_at"] = time.time()
         code = self.child.poll()
         own = abort.get("index") == self.index and abort["kind"] == "rank_failed"
         final = self.stop_child() if code is None else exit_code(code)
