@@ -12,8 +12,9 @@ nothing heavy. For each size it measures:
   - a rank's crash until every rank has stopped: once every guard beats in the store (the
     master's job.json sees them all), the last rank is told to crash through a file on its
     node; the crash time is the one it printed, and each guard records when it learnt of
-    the abort (crash->seen: the detection) and when its rank had ended (crash->stopped). A crash during the start is left out: there the guards' own start (torch's
-    import) is measured, not detection, and submit's time already shows it;
+    the abort (crash->seen: the detection) and when its rank had ended (crash->stopped). A
+    crash during the start is left out: there the guards' own start (torch's import) is
+    measured, not detection, and submit's time already shows it;
   - a node lost (docker pause of the last node) until every other rank has stopped;
   - `stop` (Run.stop) until every rank has stopped.
 

@@ -353,9 +353,8 @@ class Guard:
                 seen = {i: now for i in seen}
             last_loop = now
             code = self.child.poll()
-            abort = abort or self.posted_abort
-            if abort is not None:
-                return self.abort(abort, exits)
+            if self.posted_abort is not None:
+                return self.abort(self.posted_abort, exits)
             try:
                 if self.store is None:
                     self.connect(timeout=self.connect_timeout)
