@@ -21,7 +21,9 @@ class InventoryError(TorchfleetError, ValueError):
     def __init__(self, message: str, host: str | None = None, variable: str | None = None,
                  task: str | None = None):
         self.variable = variable
-        prefix = f"host {host}: " if host and not message.startswith(f"host {host}:") else ""
+        # A message may name its hosts already: "host h: ..." or, shared by several, "hosts h, g: ...".
+        named = host and (message.startswith(f"host {host}:") or message.startswith(f"hosts {host}, "))
+        prefix = f"host {host}: " if host and not named else ""
         super().__init__(f"{prefix}{message}", host, task)
 
 

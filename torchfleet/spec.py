@@ -767,7 +767,7 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
     missing = set(reading.get("missing") or [])
     checks += [missing_path_check(p) for p in node_paths(settings) if p["path"] in missing]
     checks.append({"that": planning or replace or not running, "kind": "running", "variable": "launch_job",
-                   "msg": f"job {job} is still running as run {', '.join(running)} on {host}; stop it (torchfleet stop "
+                   "msg": f"job {job} is still running as run {', '.join(running)}; stop it (torchfleet stop "
                           f"{running[0] if running else ''}), or launch with --replace (launch_replace=true), which "
                           "stops it first and keeps its logs"})
     # Every node reports its ports; only the master's are the rendezvous's and the guards'.

@@ -168,9 +168,11 @@ def test_a_killed_controller_leaves_the_run_supervised_and_its_job_locked(faults
     launch.wait()
     code, out = f.cli("status", "orphan")
     assert code == 0 and out["status"]["state"] == "running"
-    # The cluster is the lock: another launch of the job is refused, naming the run.
+    # The cluster is the lock: another launch of the job is refused, naming the run once
+    # with every node it runs on.
     code, out = f.cli("launch", "--workload", str(WORKLOAD), "--job", "faults", "--", "--seconds", "5")
-    assert code == 7 and "run orphan" in out["error"]["message"], out
+    message = out["error"]["message"]
+    assert code == 7 and message.count("run orphan") == 1 and "hosts node-1, node-2: " in message, out
     code, out = f.cli("runs")
     assert {"run_id": "orphan", "state": "running"}.items() <= next(
         r for r in out["runs"] if r["run_id"] == "orphan").items()

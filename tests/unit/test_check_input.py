@@ -35,3 +35,13 @@ def test_checks_of_every_node_name_each_failing_host_and_the_first_gives_the_err
     assert result["msg"] == ("host node-3: /dev/fuse does not exist on the node (launch_extra_devices); "
                              "host node-4: job t is still running as run r1 on node-4; so nothing started")
     assert result["torchfleet_error"] == {"kind": "node", "host": "node-3", "variable": "launch_extra_devices"}
+
+
+def test_a_failure_shared_by_several_nodes_names_them_once():
+    running = {"that": False, "msg": "job t is still running as run r1", "variable": "launch_job", "kind": "running"}
+    result = check({"checks": [{**running, "host": f"node-{i}"} for i in (1, 2, 3)]
+                    + [{"that": False, "msg": "/dev/fuse does not exist", "variable": "launch_extra_devices",
+                        "kind": "node", "host": "node-2"}]})
+    assert result["msg"] == ("hosts node-1, node-2, node-3: job t is still running as run r1; "
+                             "host node-2: /dev/fuse does not exist")
+    assert result["torchfleet_error"] == {"kind": "running", "host": "node-1", "variable": "launch_job"}

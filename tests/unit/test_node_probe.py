@@ -109,7 +109,7 @@ def test_each_node_state_failure_is_named_with_its_variable_and_kind():
     failed = _checks(ready=False, reading={"missing": ["/dev/fuse"], "listening": [29510]}, running=["r1", "r2"])
     assert [(c["variable"], c["kind"]) for c in failed] == [
         ("launch_python", "node"), ("launch_extra_devices", "node"), ("launch_job", "running")]
-    assert "job train is still running as run r1, r2 on node-2; stop it (torchfleet stop r1)" in failed[2]["msg"]
+    assert "job train is still running as run r1, r2; stop it (torchfleet stop r1)" in failed[2]["msg"]
     # A running job takes its ports: the refusal says so, not the ports.
     assert _checks(reading={"missing": [], "listening": [29510]})[0]["variable"] == "launch_guard_port"
 
@@ -149,7 +149,7 @@ def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
                                         "containers": [{"run": "r7", "running": True}, {"run": "r6", "running": False}]}}
     failed = [c for c in filters.node_checks([image], ["node-3"], table, False, "img:1", "train") if not c["that"]]
     assert [(c["host"], c["variable"], c["kind"]) for c in failed] == [("node-3", "launch_job", "running")]
-    assert "as run r7 on node-3" in failed[0]["msg"]
+    assert "as run r7;" in failed[0]["msg"]
 
 
 MESH = {"ssh_uid": 61000, "ssh_user": "torchfleet", "ssh_client_dir": "/etc/tf/ssh-client", "ssh_node_dir": "/etc/tf/ssh"}

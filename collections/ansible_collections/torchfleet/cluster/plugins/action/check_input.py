@@ -36,7 +36,8 @@ options:
         in one task; each task costs a process per node. The first that fails gives the
         error's variable and kind; the message names every one that failed.
       - A check may name the I(host) it is about (a run_once task checking every node);
-        without it, the check is about the task's own host.
+        without it, the check is about the task's own host. Checks that fail with the same
+        message are named once, with all their hosts.
     type: list
     elements: dict
   consequence:
@@ -68,7 +69,11 @@ class ActionModule(ActionBase):
             result.update(changed=False)
             return result
         own = task_vars["inventory_hostname"]
-        msg = "; ".join(f"host {c['host']}: {c['msg']}" if c.get("host") else c["msg"] for c in failed)
+        # A failure that many nodes share (a job still running on all 48) is said once.
+        hosts: dict[str, list[str]] = {}
+        for c in failed:
+            hosts.setdefault(c["msg"], []).append(c.get("host") or own)
+        msg = "; ".join(f"host{'s' if len(h) > 1 else ''} {', '.join(h)}: {m}" for m, h in hosts.items())
         if args["consequence"]:
             msg = f"{msg}; {args['consequence']}"
         error = InventoryError(msg, failed[0].get("host") or own, failed[0]["variable"])
