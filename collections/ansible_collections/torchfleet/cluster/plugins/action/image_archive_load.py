@@ -40,6 +40,10 @@ ARGS = {
 }
 
 
+# The archive's name in the task's temporary folder on the node, where it is sent and loaded from.
+STAGED_AS = "image.tar"
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = True
 
@@ -50,10 +54,10 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg=f"timeout={args['timeout']} must be 1 or more (seconds)")
         if self._task.check_mode:
             return dict(result, changed=True, msg="the archive would be sent and loaded")
-        sources = {} if args["on_node"] else {"image.tar": os.path.expanduser(args["src"])}
+        sources = {} if args["on_node"] else {STAGED_AS: os.path.expanduser(args["src"])}
         loaded = core.run_with_files(
             self, task_vars, sources, "community.docker.docker_image_load",
-            lambda staged: {"path": args["src"] if args["on_node"] else self._connection._shell.join_path(staged, "image.tar"),
+            lambda staged: {"path": args["src"] if args["on_node"] else self._connection._shell.join_path(staged, STAGED_AS),
                             "timeout": args["timeout"]})
         if loaded.get("failed"):
             loaded["msg"] = f"loading image_archive {args['src']} into the node's engine failed: {loaded.get('msg')}"
