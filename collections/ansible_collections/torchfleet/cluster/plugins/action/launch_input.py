@@ -1,10 +1,7 @@
 """Check a node's launch input, keep what the launch spec needs of it, and read the node, in one task."""
 
 import os
-import re
 
-import yaml
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
@@ -62,12 +59,12 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = core.validate_args(self, ARGS)
         host = task_vars["inventory_hostname"]
-        options = _spec_options(args["role"])
+        options = core.role_spec_options(args["role"])
         # One templating of both sets: each costs the worker a compile per expression.
         names = set(options) | set(spec.INPUT_VARIABLES)
         values = self._templar.template({n: task_vars[n] for n in names if n in task_vars})
         try:
-            _check_types(options, values, host, "the launch role's arguments: ")
+            core.check_role_types(options, values, host, "the launch role's arguments: ")
             checked = spec.node_input(values, host)
             checked["pinning"] = self._pinning(args["pinning_role"], task_vars, host)
         except InventoryError as exc:
@@ -89,24 +86,7 @@ class ActionModule(ActionBase):
         (templated with the host's variables, as the role would), type-checked against the
         role's argument spec."""
         defaults = self._loader.load_from_file(os.path.join(role, "defaults", "main.yml"), trusted_as_template=True)
-        options = {n: o for n, o in _spec_options(role).items() if n in cpus.PINNING_VARIABLES}
+        options = {n: o for n, o in core.role_spec_options(role).items() if n in cpus.PINNING_VARIABLES}
         raw = {n: task_vars[n] if n in task_vars else defaults[n] for n in options}
-        return cpus.settings(_check_types(options, self._templar.template(raw), host), host)
+        return cpus.settings(core.check_role_types(options, self._templar.template(raw), host), host)
 
-
-def _spec_options(role):
-    """A role's argument spec (entry point main), as plain data: Ansible's loader tags every
-    value with its origin, which cost each node's worker 30 ms for the launch role's spec."""
-    with open(os.path.join(role, "meta", "argument_specs.yml")) as fh:
-        return yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["argument_specs"]["main"]["options"]
-
-
-def _check_types(options, values, host, prefix=""):
-    """``values`` checked against an argument spec as Ansible's validate_argument_spec does,
-    and converted; every error in one message, the first variable it names as the variable."""
-    checked = ArgumentSpecValidator(options).validate({n: values[n] for n in options if n in values})
-    if not checked.error_messages:
-        return checked.validated_parameters
-    message = "; ".join(checked.error_messages)
-    named = [(m.start(), n) for n in options for m in [re.search(rf"(?<!\w){re.escape(n)}(?!\w)", message)] if m]
-    raise InventoryError(prefix + message, host, min(named)[1] if named else None)

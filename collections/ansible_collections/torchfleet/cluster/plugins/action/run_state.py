@@ -11,6 +11,12 @@ description:
     C(inline_max) bytes inside the module's own call, a larger one ahead of it into the
     task's temporary folder. The module replaces the workload folder whole.
 options:
+  role:
+    description:
+      - The launch role's folder. The host's variables are checked against its argument spec
+        first, as Ansible's own check would; the playbooks that pass it (run.yml, down.yml)
+        include the role with C(rolespec_validate=false), since that check is a task per node.
+    type: path
   workload:
     description: The workload to install before the run's folder is made.
     type: dict

@@ -9,6 +9,8 @@ import os
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+
 # What the task gives: the tar on the controller, where it goes on the node.
 WORKLOAD = {
     "archive": {"type": "path", "required": True},
@@ -21,7 +23,9 @@ WORKLOAD = {
 class WorkloadSendingAction(ActionBase):
     """Runs ``MODULE`` with the task's arguments. The workload at ``WORKLOAD_AT`` (a path of
     keys into them) goes along: up to ``inline_max`` bytes as base64 inside the call (one
-    SSH round trip), a larger tar first into the task's temporary folder on the node."""
+    SSH round trip), a larger tar first into the task's temporary folder on the node. With
+    ``role`` (a role's folder), the host's variables are first checked against that role's
+    argument spec (core.check_role_arguments), and nothing runs on the node if they fail."""
 
     TRANSFERS_FILES = False
     MODULE = ""
@@ -30,6 +34,11 @@ class WorkloadSendingAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = copy.deepcopy(dict(self._task.args))
+        role = args.pop("role", None)
+        if role:
+            failed = core.check_role_arguments(self, task_vars, role)
+            if failed:
+                return dict(result, **failed)
         holder = args
         for key in self.WORKLOAD_AT[:-1]:
             holder = holder.get(key) or {}
