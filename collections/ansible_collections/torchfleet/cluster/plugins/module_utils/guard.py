@@ -204,9 +204,6 @@ class Guard:
         # Set when the unit ends, a signal comes or any guard posts the abort: the loop then
         # acts at once instead of at its next poll.
         self.wake = threading.Event()
-        # The abort as the waiting thread read it: the loop acts on it with no store op of its
-        # own (at 48 nodes, 3 round trips per guard to the one store were most of a stop).
-        self.posted_abort: dict | None = None
         self.state = {"unit": index, "name": self.unit["name"], "host": self.unit["host"], "role": self.unit["role"],
                       "ranks": self.unit.get("ranks", []), "state": "starting", "started_at": _now()}
 
@@ -314,10 +311,6 @@ class Guard:
             except Exception:  # noqa: BLE001 - the wait's timeout, or the store gone: the polls decide
                 time.sleep(self.poll)
                 continue
-            try:
-                self.posted_abort = json.loads(store.get("abort"))
-            except Exception:  # noqa: BLE001 - the loop reads it itself
-                pass
             self.wake.set()
             return
 
@@ -353,8 +346,6 @@ class Guard:
                 seen = {i: now for i in seen}
             last_loop = now
             code = self.child.poll()
-            if self.posted_abort is not None:
-                return self.abort(self.posted_abort, exits)
             try:
                 if self.store is None:
                     self.connect(timeout=self.connect_timeout)
