@@ -597,6 +597,10 @@ class Cluster:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
             "TORCHFLEET_RUNS_DIR": str(self.runs_dir),
+            # ansible-runner empties a task result over 700 KB in its event, where the API
+            # reads what a playbook shows (a plan, a run's status, its logs), which grows
+            # with the cluster: at 48 nodes a status did not come back.
+            "MAX_EVENT_RES": str(1 << 30),
             **{k: v for k, v in os.environ.items() if k.startswith("TORCHFLEET_")},
             **self.env,
         }
