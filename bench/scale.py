@@ -16,6 +16,7 @@ nothing heavy. For each size it measures:
     crash during the start is left out: there the guards' own start (torch's import) is
     measured, not detection, and submit's time already shows it;
   - a node lost (docker pause of the last node) until every other rank has stopped;
+  - `status` (Run.status: every node's view of the running run), its wall time;
   - `stop` (Run.stop) until every rank has stopped.
 
 Last, at the largest size, Ansible's own floor on this machine: the CPU per node of a task
@@ -298,9 +299,14 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
     except JobFailed:
         pass
 
-    # Stop.
+    # Status, from the nodes (what `torchfleet status` shows), then stop.
     run = submit(-1, QUIET_NODE_TIMEOUT)
     wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store")
+    t0 = time.monotonic()
+    status = run.status()
+    out["status_s"] = time.monotonic() - t0
+    if status.state != "running" or len(status.nodes) != count:
+        sys.exit(f"{count} nodes: status saw {status.state} on {len(status.nodes)} nodes")
     stop_at = time.time()
     try:
         run.stop()
@@ -344,7 +350,8 @@ def main() -> None:
     # more than over many; the CPU each node added beyond the smallest size is the slope.
     header = f"{'nodes':>5} {'submit s':>9} {'ctl CPU/node s':>15} {'per added node s':>17} " \
              f"{'crash->seen s':>14} {'crash->stopped s':>17} {'lost->stopped s':>16} " \
-             f"{'stop->stopped s':>16}  {'crash vs ' + str(min(sizes)):>10} {'lost vs ' + str(min(sizes)):>9}"
+             f"{'status s':>9} {'stop->stopped s':>16}  {'crash vs ' + str(min(sizes)):>10} " \
+             f"{'lost vs ' + str(min(sizes)):>9}"
     print(header)
     print("-" * len(header))
     for count in sizes:
@@ -353,7 +360,7 @@ def main() -> None:
             f"{(r['cpu_s'] - base['cpu_s']) / (count - min(sizes)):.2f}"
         print(f"{count:>5} {r['submit_s']:>9.1f} {r['cpu_per_node_s']:>15.2f} {added:>17} {r['crash_to_seen_s']:>14.2f} "
               f"{r['crash_to_stopped_s']:>17.2f} "
-              f"{r['lost_to_stopped_s']:>16.1f} {r['stop_to_stopped_s']:>16.1f}  "
+              f"{r['lost_to_stopped_s']:>16.1f} {r['status_s']:>9.1f} {r['stop_to_stopped_s']:>16.1f}  "
               f"{r['crash_to_stopped_s'] / base['crash_to_stopped_s']:>9.2f}x "
               f"{r['lost_to_stopped_s'] / base['lost_to_stopped_s']:>8.2f}x")
     print("goals: controller CPU per node <= 0.5 s; crash and loss at 48 nodes <= 1.5x the 3-node times; "
