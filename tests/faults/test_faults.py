@@ -169,7 +169,7 @@ def test_a_killed_controller_leaves_the_run_supervised_and_its_job_locked(faults
     code, out = f.cli("status", "orphan")
     assert code == 0 and out["status"]["state"] == "running"
     # Each node's part of the view is its own, not the run's whole spec: that grows with the
-    # cluster, and beyond about 18 nodes the view outgrew ansible-runner's event limit.
+    # cluster, and at 48 nodes the view outgrew ansible-runner's event limit.
     assert out["status"]["nodes"]["node-2"]["units"] and all("spec" not in r for r in out["status"]["nodes"].values())
     # The cluster is the lock: another launch of the job is refused, naming the run once
     # with every node it runs on.
