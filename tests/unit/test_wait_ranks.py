@@ -86,3 +86,14 @@ def test_a_node_whose_ranks_cannot_be_read_aborts_the_others(tmp_path):
     peer = waiter("node-2", tmp_path, [{"containers": [rank(1)]}])()
     assert peer["outcome"] == "peer-failed"
     assert peer["reason"] == "could not read its ranks: docker: not found on node-1"
+
+
+def test_a_peer_ignores_an_abort_file_still_being_written(tmp_path):
+    (tmp_path / ".abort-node-9.json.tmp").write_text("")
+    result = waiter("node-1", tmp_path, [{"containers": [rank(0)]}, {"containers": [rank(0, 0)]}])()
+    assert result["outcome"] == "succeeded"
+
+
+def test_the_abort_file_appears_whole_and_leaves_no_temp_file(tmp_path):
+    waiter("node-2", tmp_path, [{"containers": [rank(1, 3)]}])()
+    assert [p.name for p in tmp_path.iterdir()] == ["abort-node-2.json"]

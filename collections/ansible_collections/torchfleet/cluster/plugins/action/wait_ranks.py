@@ -7,6 +7,7 @@ the play can stop all ranks at once instead of leaving them hung in a collective
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -91,7 +92,7 @@ class ActionModule(ActionBase):
             if status.get("failed"):
                 # Its ranks can no longer be watched, so nobody else's may go on either.
                 reason = "could not read its ranks: {}".format(status.get("msg", "unknown error"))
-                (abort_dir / f"abort-{host}.json").write_text(json.dumps({"host": host, "reason": reason}))
+                _post_abort(abort_dir, host, reason)
                 return status
             containers = status["containers"]
             failed = [c for c in containers if c["exit_code"] not in (None, 0)]
@@ -107,7 +108,7 @@ class ActionModule(ActionBase):
                     else f"no result after {timeout}s (launch_timeout)"
                 )
             if reason:
-                (abort_dir / f"abort-{host}.json").write_text(json.dumps({"host": host, "reason": reason}))
+                _post_abort(abort_dir, host, reason)
                 outcome = "failed"
                 break
             if all(c["exit_code"] == 0 for c in containers):
@@ -163,6 +164,14 @@ class ActionModule(ActionBase):
             task_vars=task_vars,
         )
         return not probe.get("failed")
+
+
+def _post_abort(abort_dir, host, reason):
+    """Peers poll the folder in parallel: one must never read a half-written file, so the
+    file appears whole, by a rename from a name their glob does not match."""
+    tmp = abort_dir / f".abort-{host}.json.tmp"
+    tmp.write_text(json.dumps({"host": host, "reason": reason}))
+    os.replace(tmp, abort_dir / f"abort-{host}.json")
 
 
 def _who(container):
