@@ -11,7 +11,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd, write_whole
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare
 
 DOCUMENTATION = r"""
@@ -120,23 +120,20 @@ def start(module, run_dir, entry, secret_env=None):
         write_secrets(base + ".secret", secret_env)
         env["TF_SECRETS"] = base + ".secret"
     cwd = entry.get("cwd") or run_dir
-    with open(base + ".meta", "w") as fh:
-        fh.write(f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
+    write_whole(base + ".meta", f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
     shell = ["sh", "-c", WRAPPER, base + ".log"] + argv
     if systemd():
         # A transient unit: systemd supervises it, and stopping it kills its whole cgroup.
         unit = f"torchfleet-{os.path.basename(run_dir)}-{entry['name']}"
         cmd = ["systemd-run", "--unit", unit, "--collect", "--quiet", "--working-directory", cwd]
         module.run_command(cmd + [f"--setenv={k}={v}" for k, v in env.items()] + ["--"] + shell, check_rc=True)
-        with open(base + ".unit", "w") as fh:
-            fh.write(unit + "\n")
+        write_whole(base + ".unit", unit + "\n")
         return
     # Without systemd: its own session, so nothing ties it to Ansible's connection, and
     # the shell leads a process group that stop() kills whole.
     proc = subprocess.Popen(shell, cwd=cwd, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    with open(base + ".pid", "w") as fh:
-        fh.write(f"{proc.pid}\n")
+    write_whole(base + ".pid", f"{proc.pid}\n")
 
 
 def stop(module, entry, signum=signal.SIGKILL):
