@@ -10,6 +10,9 @@ description:
     workload_pack made on the controller goes along as run_state's action sends it
     (plugin_utils.workload_send), so a process-mode node's whole start is one task.
 options:
+  role:
+    description: The launch role's folder; the host's variables are checked against its argument spec first, as run_state's I(role).
+    type: path
   run:
     description: The run's folder to make first (run_state's state=present options).
     type: dict
