@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 from datetime import timedelta
 
@@ -355,3 +356,30 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
     assert (tmp_path / "rank.log").read_text().startswith("training True\nat exit True\n")
     record = json.loads((tmp_path / "guard-0.json").read_text())
     assert record["state"] == "exited" and record["exit_code"] == 3 and record["pid"] != os.getpid()
+
+
+def test_a_guard_that_ends_at_once_keeps_its_units_last_lines(tmp_path):
+    """The guard ends without tearing its interpreter down (exit_now), but not before what its
+    unit wrote last, a traceback say, has reached the log. Here the guard's own output is not
+    read for a while, so its copy of the unit's lines lags behind when the unit is gone."""
+    fake = tmp_path / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text(FAKE_TORCH)
+    script = tmp_path / "train.py"
+    # About 90 KB: more than the guard's output pipe holds, less than both pipes together.
+    script.write_text("for i in range(9000):\n    print('line', i)\nraise SystemExit('the last words')\n")
+    config = {"units": [dict(RANK, log=str(tmp_path / "rank.log"))], "store_unit": 0, "node_timeout": 4,
+              "run_id": "r", "job": "j", "poll_interval": 0.05, "stop_grace": 1,
+              "store": {"host": "127.0.0.1", "port": 0, "node": "node-2"}}
+    (tmp_path / "guard.json").write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "0", "--", sys.executable,
+                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
+    time.sleep(0.5)
+    out = proc.stdout.read().decode()
+    assert proc.wait(60) == 1
+    log = (tmp_path / "rank.log").read_text().splitlines()
+    assert len(log) == 9001 and log[-1] == "the last words"
+    assert "the last words" in out
+    assert json.loads((tmp_path / "guard-0.json").read_text())["exit_code"] == 1
