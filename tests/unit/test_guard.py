@@ -383,3 +383,39 @@ def test_a_guard_that_ends_at_once_keeps_its_units_last_lines(tmp_path):
     assert len(log) == 9001 and log[-1] == "the last words"
     assert "the last words" in out
     assert json.loads((tmp_path / "guard-0.json").read_text())["exit_code"] == 1
+
+
+def test_a_stop_reaches_a_guard_whose_store_froze(tmp_path):
+    """A frozen master holds the guard's loop in a store op until the node timeout (60 s
+    here); a stop on the guard's own node still stops its unit, with the stop's reason."""
+    fake = tmp_path / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    frozen = tmp_path / "frozen"
+    (fake / "__init__.py").write_text(FAKE_TORCH.replace(
+        "    def add(self, key, n):\n",
+        f"    def add(self, key, n):\n        import os, time\n"
+        f"        while os.path.exists({str(frozen)!r}):\n            time.sleep(0.05)\n"))
+    script = tmp_path / "train.py"
+    script.write_text("import time\nprint('training', flush=True)\ntime.sleep(3600)\n")
+    config = {"units": [dict(MPIRUN, log=str(tmp_path / "mpirun.log")), dict(RANK, log=str(tmp_path / "rank.log"))],
+              "store_unit": 0, "node_timeout": 60, "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
+              "store": {"host": "127.0.0.1", "port": 0, "node": "node-1"}}
+    (tmp_path / "guard.json").write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "1", "--", sys.executable,
+                             str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
+    log = tmp_path / "rank.log"
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and "training" in log.read_text()):
+            assert time.monotonic() < deadline, "the unit never started"
+            time.sleep(0.1)
+        frozen.touch()
+        time.sleep(1)
+        (tmp_path / "stop").write_text("stopped by a test")
+        assert proc.wait(30) == 143
+    finally:
+        proc.kill()
+    record = json.loads((tmp_path / "guard-1.json").read_text())
+    assert record["state"] == "stopped" and record["stopped_because"] == "stopped by a test"

@@ -438,10 +438,15 @@ class Guard:
     def _watchdog(self) -> None:
         while True:
             time.sleep(self.poll)
-            if time.monotonic() - self.last_ok > self._store_limit() + 2 * self.poll:
+            silent = time.monotonic() - self.last_ok
+            # A loop held in a store op (a frozen master) still obeys a stop on its own node,
+            # before the store counts as lost.
+            requested = self._stop_requested() if silent > 2 * self.poll + 1 else None
+            if requested or silent > self._store_limit() + 2 * self.poll:
                 if not self.ending.acquire(blocking=False):
                     return
-                abort = self._store_lost()
+                abort = requested or self._store_lost()
+                self.state["abort_seen_at"] = time.time()
                 code = self.child.poll()
                 final = self.stop_child() if code is None else exit_code(code)
                 self.state["stopped_at"] = time.time()
