@@ -35,13 +35,6 @@ def alive(pid):
         return False
 
 
-def write_whole(path, text):
-    """A status from another controller may read these files while a start writes them."""
-    with open(path + ".tmp", "w") as fh:
-        fh.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def is_running(module, entry):
     if "unit" in entry:
         rc, _, _ = module.run_command(["systemctl", "is-active", "--quiet", entry["unit"]])

@@ -86,6 +86,16 @@ def prune(runs_dir, runs, keep):
     return [r["run_id"] for r in doomed]
 
 
+def write_whole(path, data, mode=None):
+    """Guards, other controllers' status and peers read a run's files while they are
+    written: a file appears whole, by a rename, or not at all."""
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+    if mode is not None:
+        os.chmod(path + ".tmp", mode)
+    os.replace(path + ".tmp", path)
+
+
 def write_files(run_dir, files):
     """Write each file whole; return the names whose content changed."""
     changed = []
@@ -98,10 +108,7 @@ def write_files(run_dir, files):
                     continue
         except OSError:
             pass
-        with open(path + ".tmp", "wb") as fh:
-            fh.write(data)
-        os.chmod(path + ".tmp", 0o644)
-        os.replace(path + ".tmp", path)
+        write_whole(path, data, 0o644)
         changed.append(name)
     return changed
 

@@ -11,8 +11,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd, write_whole
-from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, write_whole
 
 DOCUMENTATION = r"""
 module: rank_processes

@@ -10,7 +10,12 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, read_run
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
+    PrepareError,
+    prepare,
+    read_run,
+    write_whole,
+)
 
 DOCUMENTATION = r"""
 module: run_state
@@ -58,10 +63,7 @@ options:
 
 
 def request_stop(run_dir, reason):
-    stop_file = os.path.join(run_dir, "stop")
-    with open(stop_file + ".tmp", "w") as fh:
-        fh.write((reason or "stopped on request (torchfleet stop)") + "\n")
-    os.replace(stop_file + ".tmp", stop_file)
+    write_whole(os.path.join(run_dir, "stop"), (reason or "stopped on request (torchfleet stop)") + "\n")
 
 
 def wait_for_end(run_dir, wait, poll):
