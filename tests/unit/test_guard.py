@@ -419,3 +419,71 @@ def test_a_stop_reaches_a_guard_whose_store_froze(tmp_path):
         proc.kill()
     record = json.loads((tmp_path / "guard-1.json").read_text())
     assert record["state"] == "stopped" and record["stopped_because"] == "stopped by a test"
+
+
+@pytest.mark.parametrize("pidfd", [True, False])
+@pytest.mark.parametrize("forked", [False, True])
+def test_the_wait_for_a_unit_returns_its_exit_or_times_out(tmp_path, monkeypatch, forked, pidfd):
+    """await_exit, on a Popen and on a forked unit, with a pidfd and without (an older
+    Python or kernel): a timeout while the unit runs, its exit code once it ends, and the
+    same code again once it is reaped."""
+    monkeypatch.setattr(guard, "_import_torch", lambda: forked)
+    if not pidfd:
+        monkeypatch.delattr(guard.os, "pidfd_open", raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("import sys, time\ntime.sleep(1)\nsys.exit(5)\n")
+    config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
+    unit = guard.Guard(config, 0, [sys.executable, str(script)], str(tmp_path))
+    _start(unit)
+    assert isinstance(unit.child, guard.Forked) == forked
+    with pytest.raises(subprocess.TimeoutExpired):
+        guard.await_exit(unit.child, 0.05)
+    assert guard.await_exit(unit.child, 30) == 5
+    assert guard.await_exit(unit.child, 0) == 5
+
+
+def test_a_posted_abort_stops_the_unit_while_the_guards_loop_is_held(tmp_path):
+    """The abort's wake sends the unit SIGTERM itself. The loop is frozen in a store op here
+    (node timeout 60 s, no stop file), so only that wake can stop the unit; the rank's own
+    SIGTERM handler records what it got."""
+    fake = tmp_path / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    posted, frozen = tmp_path / "posted", tmp_path / "frozen"
+    (fake / "__init__.py").write_text(FAKE_TORCH.replace(
+        "    def add(self, key, n):\n",
+        f"    def add(self, key, n):\n        import os, time\n"
+        f"        while os.path.exists({str(frozen)!r}):\n            time.sleep(0.05)\n").replace(
+        "        time.sleep(3600)\n",
+        f"        while not os.path.exists({str(posted)!r}):\n            time.sleep(0.05)\n").replace(
+        "    def wait(self, keys, timeout):\n", "    def wait(self, keys, timeout):\n        import os\n"))
+    got = tmp_path / "got"
+    script = tmp_path / "train.py"
+    script.write_text(f"import signal, sys, time\n"
+                      f"def on_term(signum, frame):\n    open({str(got)!r}, 'w').write(str(signum))\n    sys.exit(0)\n"
+                      f"signal.signal(signal.SIGTERM, on_term)\nprint('training', flush=True)\ntime.sleep(3600)\n")
+    config = {"units": [dict(MPIRUN, log=str(tmp_path / "mpirun.log")), dict(RANK, log=str(tmp_path / "rank.log"))],
+              "store_unit": 0, "node_timeout": 60, "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 30,
+              "store": {"host": "127.0.0.1", "port": 0, "node": "node-1"}}
+    (tmp_path / "guard.json").write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "1", "--", sys.executable,
+                             str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
+    log = tmp_path / "rank.log"
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and "training" in log.read_text()):
+            assert time.monotonic() < deadline, "the unit never started"
+            time.sleep(0.1)
+        frozen.touch()
+        time.sleep(1)
+        posted.touch()
+        deadline = time.monotonic() + 30
+        while not got.exists():
+            assert time.monotonic() < deadline, "the unit was not stopped"
+            time.sleep(0.1)
+        assert got.read_text() == str(int(signal.SIGTERM))
+        assert proc.poll() is None  # the loop, still held, is what records the stop
+    finally:
+        proc.kill()
+        proc.wait()
