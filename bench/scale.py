@@ -18,7 +18,10 @@ nothing heavy. For each size it measures:
   - a node lost (docker pause of the last node) until every other rank has stopped;
   - `status` (Run.status: every node's view of the running run), its wall time;
   - `stop` (Run.stop) until every rank has stopped, and the call's own wall time (until
-    every guard is gone and the logs are collected).
+    every guard is gone and the logs are collected);
+  - the machine's floor for a crash: one process on a node, torch imported as a guard has
+    it, forks as many ranks as the crash stops, then sends each SIGTERM and reaps it. No
+    store, no guard: what ending that many ranks costs these shared cores at the least.
 
 Last, at the largest size, Ansible's own floor on this machine: the CPU per node of a task
 every node skips and of a bare module run, so that the submit's figure can be read in
@@ -78,6 +81,27 @@ while True:
     time.sleep(1)
     print("step", flush=True)
 '''
+
+
+# The crash's floor (see the docstring): the seconds from the first SIGTERM to the last reap.
+END_FLOOR = """
+import os, signal, sys, time
+from torch.distributed import TCPStore
+pids = []
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        while True:
+            time.sleep(1)
+    pids.append(pid)
+time.sleep(1)
+t0 = time.monotonic()
+for pid in pids:
+    os.kill(pid, signal.SIGTERM)
+for pid in pids:
+    os.waitpid(pid, 0)
+print(time.monotonic() - t0)
+"""
 
 
 def sh(*args: str, check: bool = True) -> str:
@@ -258,6 +282,10 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
         return cluster.submit(Job(workload=workload, name=f"scale{count}", args=[str(crash_rank)],
                                   extra_vars={"launch_node_timeout": node_timeout}))
 
+    # The floor first, while the nodes are idle; the median of three.
+    out["end_floor_s"] = sorted(float(sh("docker", "exec", node(1), PYTHON, "-c", END_FLOOR, str(count - 1)))
+                                for _ in range(3))[1]
+
     # Submit, then a crash of the last rank once every guard is supervised.
     sh("docker", "exec", node(count), "rm", "-f", "/tmp/crash-now")
     c0, t0 = cpu(), time.monotonic()
@@ -352,9 +380,9 @@ def main() -> None:
     # The launch's fixed cost (Ansible's own start, the plan) spread over few nodes weighs
     # more than over many; the CPU each node added beyond the smallest size is the slope.
     header = f"{'nodes':>5} {'submit s':>9} {'ctl CPU/node s':>15} {'per added node s':>17} " \
-             f"{'crash->seen s':>14} {'crash->stopped s':>17} {'lost->stopped s':>16} " \
+             f"{'crash->seen s':>14} {'crash->stopped s':>17} {'end floor s':>12} {'lost->stopped s':>16} " \
              f"{'status s':>9} {'stop->stopped s':>16} {'stop call s':>12}  {'crash vs ' + str(min(sizes)):>10} " \
-             f"{'lost vs ' + str(min(sizes)):>9}"
+             f"{'floor vs ' + str(min(sizes)):>10} {'lost vs ' + str(min(sizes)):>9}"
     print(header)
     print("-" * len(header))
     for count in sizes:
@@ -362,15 +390,19 @@ def main() -> None:
         added = "-" if count == min(sizes) else \
             f"{(r['cpu_s'] - base['cpu_s']) / (count - min(sizes)):.2f}"
         print(f"{count:>5} {r['submit_s']:>9.1f} {r['cpu_per_node_s']:>15.2f} {added:>17} {r['crash_to_seen_s']:>14.2f} "
-              f"{r['crash_to_stopped_s']:>17.2f} "
+              f"{r['crash_to_stopped_s']:>17.2f} {r['end_floor_s']:>12.3f} "
               f"{r['lost_to_stopped_s']:>16.1f} {r['status_s']:>9.1f} {r['stop_to_stopped_s']:>16.1f} "
               f"{r['stop_call_s']:>12.1f}  "
               f"{r['crash_to_stopped_s'] / base['crash_to_stopped_s']:>9.2f}x "
+              f"{r['end_floor_s'] / base['end_floor_s']:>9.2f}x "
               f"{r['lost_to_stopped_s'] / base['lost_to_stopped_s']:>8.2f}x")
     print("goals: controller CPU per node <= 0.5 s; crash and loss at 48 nodes <= 1.5x the 3-node times; "
           "crash->stopped <= 5 s; lost->stopped <= 20 s")
     print("crash->seen: until the last guard learnt of the abort; crash->stopped adds its rank's end (SIGTERM, exit, "
           "reaped), which on shared cores waits its turn behind every other rank's")
+    print("end floor: one process SIGTERMs and reaps as many ranks as the crash stops (forked after torch's import, "
+          "as the guards fork them), with no supervision; on shared cores the crash's ratio cannot fall below the "
+          "floor's")
     top = results[biggest]
     print(f"\nAnsible's own floor here at {biggest} nodes, CPU per node: a skipped task {floor['skip_s'] * 1000:.0f} ms, "
           f"a module run {floor['module_s'] * 1000:.0f} ms; the submit costs "
