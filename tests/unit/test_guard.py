@@ -385,25 +385,30 @@ def test_a_guard_that_ends_at_once_keeps_its_units_last_lines(tmp_path):
     assert json.loads((tmp_path / "guard-0.json").read_text())["exit_code"] == 1
 
 
-def test_a_stop_reaches_a_guard_whose_store_froze(tmp_path):
-    """A frozen master holds the guard's loop in a store op until the node timeout (60 s
-    here); a stop on the guard's own node still stops its unit, with the stop's reason."""
+def _guard_frozen(tmp_path, script: str, wait_until: str | None = None) -> subprocess.Popen:
+    """A real guard of rank 1, its store a stand-in whose ``add`` blocks once the unit runs,
+    as an op on a frozen master does (the node timeout is 60 s); its ``wait`` for the abort
+    returns once the file ``wait_until`` exists, if given."""
     fake = tmp_path / "fake" / "torch" / "distributed"
     fake.mkdir(parents=True)
     (fake.parent / "__init__.py").write_text("")
     frozen = tmp_path / "frozen"
-    (fake / "__init__.py").write_text(FAKE_TORCH.replace(
+    source = FAKE_TORCH.replace(
         "    def add(self, key, n):\n",
         f"    def add(self, key, n):\n        import os, time\n"
-        f"        while os.path.exists({str(frozen)!r}):\n            time.sleep(0.05)\n"))
-    script = tmp_path / "train.py"
-    script.write_text("import time\nprint('training', flush=True)\ntime.sleep(3600)\n")
+        f"        while os.path.exists({str(frozen)!r}):\n            time.sleep(0.05)\n")
+    if wait_until:
+        source = source.replace("        import time\n        time.sleep(3600)\n",
+                                f"        import os, time\n        while not os.path.exists({wait_until!r}):\n"
+                                f"            time.sleep(0.05)\n")
+    (fake / "__init__.py").write_text(source)
+    (tmp_path / "train.py").write_text(script)
     config = {"units": [dict(MPIRUN, log=str(tmp_path / "mpirun.log")), dict(RANK, log=str(tmp_path / "rank.log"))],
               "store_unit": 0, "node_timeout": 60, "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
               "store": {"host": "127.0.0.1", "port": 0, "node": "node-1"}}
     (tmp_path / "guard.json").write_text(json.dumps(config))
     proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "1", "--", sys.executable,
-                             str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             str(tmp_path / "train.py")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
     log = tmp_path / "rank.log"
     try:
@@ -413,6 +418,17 @@ def test_a_stop_reaches_a_guard_whose_store_froze(tmp_path):
             time.sleep(0.1)
         frozen.touch()
         time.sleep(1)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def test_a_stop_reaches_a_guard_whose_store_froze(tmp_path):
+    """A frozen master holds the guard's loop in a store op until the node timeout; a stop
+    on the guard's own node still stops its unit, with the stop's reason."""
+    proc = _guard_frozen(tmp_path, "import time\nprint('training', flush=True)\ntime.sleep(3600)\n")
+    try:
         (tmp_path / "stop").write_text("stopped by a test")
         assert proc.wait(30) == 143
     finally:
@@ -443,40 +459,16 @@ def test_the_wait_for_a_unit_returns_its_exit_or_times_out(tmp_path, monkeypatch
 
 
 def test_a_posted_abort_stops_the_unit_while_the_guards_loop_is_held(tmp_path):
-    """The abort's wake sends the unit SIGTERM itself. The loop is frozen in a store op here
-    (node timeout 60 s, no stop file), so only that wake can stop the unit; the rank's own
-    SIGTERM handler records what it got."""
-    fake = tmp_path / "fake" / "torch" / "distributed"
-    fake.mkdir(parents=True)
-    (fake.parent / "__init__.py").write_text("")
-    posted, frozen = tmp_path / "posted", tmp_path / "frozen"
-    (fake / "__init__.py").write_text(FAKE_TORCH.replace(
-        "    def add(self, key, n):\n",
-        f"    def add(self, key, n):\n        import os, time\n"
-        f"        while os.path.exists({str(frozen)!r}):\n            time.sleep(0.05)\n").replace(
-        "        time.sleep(3600)\n",
-        f"        while not os.path.exists({str(posted)!r}):\n            time.sleep(0.05)\n").replace(
-        "    def wait(self, keys, timeout):\n", "    def wait(self, keys, timeout):\n        import os\n"))
-    got = tmp_path / "got"
-    script = tmp_path / "train.py"
-    script.write_text(f"import signal, sys, time\n"
-                      f"def on_term(signum, frame):\n    open({str(got)!r}, 'w').write(str(signum))\n    sys.exit(0)\n"
-                      f"signal.signal(signal.SIGTERM, on_term)\nprint('training', flush=True)\ntime.sleep(3600)\n")
-    config = {"units": [dict(MPIRUN, log=str(tmp_path / "mpirun.log")), dict(RANK, log=str(tmp_path / "rank.log"))],
-              "store_unit": 0, "node_timeout": 60, "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 30,
-              "store": {"host": "127.0.0.1", "port": 0, "node": "node-1"}}
-    (tmp_path / "guard.json").write_text(json.dumps(config))
-    proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "1", "--", sys.executable,
-                             str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
-    log = tmp_path / "rank.log"
+    """The abort's wake sends the unit SIGTERM itself. The loop is held in a store op here
+    and no stop file is written, so only that wake can stop the unit within the test's 30 s;
+    the rank's own SIGTERM handler records what it got."""
+    posted, got = tmp_path / "posted", tmp_path / "got"
+    proc = _guard_frozen(tmp_path, f"import signal, sys, time\n"
+                                   f"def on_term(signum, frame):\n    open({str(got)!r}, 'w').write(str(signum))\n"
+                                   f"    sys.exit(0)\n"
+                                   f"signal.signal(signal.SIGTERM, on_term)\nprint('training', flush=True)\n"
+                                   f"time.sleep(3600)\n", wait_until=str(posted))
     try:
-        deadline = time.monotonic() + 30
-        while not (log.exists() and "training" in log.read_text()):
-            assert time.monotonic() < deadline, "the unit never started"
-            time.sleep(0.1)
-        frozen.touch()
-        time.sleep(1)
         posted.touch()
         deadline = time.monotonic() + 30
         while not got.exists():

@@ -743,8 +743,8 @@ def _run_target(target: tuple[str, str, list[str]], output: int, setup) -> None:
 
 def await_exit(child, timeout: float | None) -> int:
     """``child.wait(timeout)``, woken by the exit itself through a pidfd where Linux and
-    Python have one. Popen's and Forked's own waits poll, backing off to 50 ms apart: at 48
-    ranks stopped at once on 2 cores, that lag was a third of a stop."""
+    Python have one. Popen's and Forked's own waits poll, backing off to 50 ms apart, so a
+    unit that takes a while to end (48 at once on 2 cores) was reaped up to 50 ms late."""
     if child.poll() is None and hasattr(os, "pidfd_open"):
         try:
             fd = os.pidfd_open(child.pid)
