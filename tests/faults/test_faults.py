@@ -208,6 +208,8 @@ def test_replace_stops_the_running_run_first_and_keeps_its_logs(faults_cluster):
     assert code == 1 and out["run"]["abort"]["kind"] == "stopped"
     assert [r["stopped_because"] for r in out["run"]["ranks"]] == ["replaced by run new (launch_replace)"] * 2
     assert all("step at" in (f.runs_dir / "old" / f"rank-{r}.log").read_text() for r in (0, 1))
+    # As a start cut short on the master would leave it: the stop reads the spec from node-2.
+    f.node("node-1", "rm /var/lib/torchfleet/runs/new/spec.json")
     code, out = f.cli("stop", "new")
     assert code == 0 and {r["outcome"] for r in out["run"]["ranks"]} == {"stopped"}
     assert_nothing_left(f)

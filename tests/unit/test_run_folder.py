@@ -109,3 +109,12 @@ def test_the_module_waits_when_asked_also_for_a_run_not_started_yet(tmp_path, ca
     assert 0.6 <= time.monotonic() - started < 10
     result = json.loads(capsys.readouterr().out)
     assert result["found"] and result["run"]["job_state"]["state"] == "succeeded"
+
+
+def test_a_run_says_whether_it_holds_its_spec(tmp_path):
+    """A start cut short can leave a run's folder without spec.json; attach, stop and
+    collect take the spec from a node whose run says it has one."""
+    _run(tmp_path, "20261101-000000-a", "running")
+    assert run_folder.read_run(str(tmp_path / "20261101-000000-a"))["has_spec"] is False
+    run_folder.write_files(str(tmp_path / "20261101-000000-a"), {"spec.json": "{}\n"})
+    assert run_folder.read_run(str(tmp_path / "20261101-000000-a"), with_spec=True)["has_spec"] is True

@@ -53,6 +53,9 @@ def read_run(run_dir, tail_lines=0, with_spec=False):
             # The store's host rewrites job.json every poll; an old one means that guard is gone.
             "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
             "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, "stop")),
+            # A start cut short can leave the folder without its spec: attach, stop and
+            # collect read the spec from a node that has it.
+            "has_spec": os.path.exists(os.path.join(run_dir, "spec.json")),
             "started": os.path.getmtime(run_dir)}
     info["state"] = summarize(info)
     if with_spec:
