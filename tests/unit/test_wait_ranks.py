@@ -89,7 +89,7 @@ def test_a_node_whose_ranks_cannot_be_read_aborts_the_others(tmp_path):
 
 
 def test_a_peer_ignores_an_abort_file_still_being_written(tmp_path):
-    (tmp_path / ".abort-node-9.json.tmp").write_text("")
+    (tmp_path / "abort-node-9.json.tmp").write_text("")
     result = waiter("node-1", tmp_path, [{"containers": [rank(0)]}, {"containers": [rank(0, 0)]}])()
     assert result["outcome"] == "succeeded"
 

@@ -7,12 +7,13 @@ the play can stop all ranks at once instead of leaving them hung in a collective
 """
 
 import json
-import os
 import time
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import write_whole
 
 display = Display()
 
@@ -167,11 +168,9 @@ class ActionModule(ActionBase):
 
 
 def _post_abort(abort_dir, host, reason):
-    """Peers poll the folder in parallel: one must never read a half-written file, so the
-    file appears whole, by a rename from a name their glob does not match."""
-    tmp = abort_dir / f".abort-{host}.json.tmp"
-    tmp.write_text(json.dumps({"host": host, "reason": reason}))
-    os.replace(tmp, abort_dir / f"abort-{host}.json")
+    """Peers poll the folder in parallel: the file appears whole, by a rename from a name
+    (``abort-HOST.json.tmp``) that their glob does not match."""
+    write_whole(str(abort_dir / f"abort-{host}.json"), json.dumps({"host": host, "reason": reason}))
 
 
 def _who(container):
