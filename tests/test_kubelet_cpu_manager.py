@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchfleet.k8s import schema
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = ROOT / "tests" / "playbooks" / "kubelet_cpu_manager.yml"
 
@@ -48,3 +50,26 @@ def test_bad_input_is_refused_before_writing(tmp_path, extra, message):
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert not (tmp_path / "50-torchfleet-cpu-manager.conf").exists()
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"kubelet_cpu_manager_policy": "none"},
+    {"kubelet_cpu_manager_topology_policy": "restricted", "kubelet_cpu_manager_topology_scope": "container",
+     "kubelet_cpu_manager_reserved_cpus": "0-1,8"},
+], ids=["defaults", "no-static-policy", "restricted"])
+def test_the_written_settings_pass_the_kubelets_own_configuration_type(tmp_path, extra):
+    """Checked against KubeletConfiguration's Go type as the kubelet v0.36.3 ships it
+    (torchfleet/k8s/schemas); with no kubelet here, that type is the kubelet's word."""
+    result = play(tmp_path, **extra)
+    assert result.returncode == 0, result.stdout
+    path = tmp_path / "50-torchfleet-cpu-manager.conf"
+    conf = yaml.safe_load(path.read_text())
+    schema.check_kubelet(conf, str(path))
+    assert conf["cpuManagerPolicy"] == extra.get("kubelet_cpu_manager_policy", "static")
+    # The kubelet decodes v1beta1 leniently: a misspelled field is only logged, and has no effect.
+    conf["topologyManagerPolicyy"] = conf.pop("topologyManagerPolicy")
+    with pytest.raises(schema.SchemaError) as err:
+        schema.check_kubelet(conf, str(path))
+    assert err.value.fields == ["topologyManagerPolicyy"]
+    assert "did you mean topologyManagerPolicy?" in err.value.message
