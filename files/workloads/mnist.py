@@ -4,7 +4,9 @@
 Options follow the Occlum and BigDL guides (--epoch, --no-cuda, --seed, --save-model).
 The rank comes from RANK/WORLD_SIZE (direct launch, torchrun) or from Open MPI's
 OMPI_COMM_WORLD_* (mpirun). Only torch is needed: the gzip'd IDX files are read with
-the standard library, so the script also runs in stock PyTorch images.
+the standard library, so the script also runs in stock PyTorch images. Each rank writes
+its loss per step as TensorBoard events in OUT_DIR/tensorboard/rank-N, also with the
+standard library.
 """
 
 import argparse
@@ -12,6 +14,7 @@ import gzip
 import hashlib
 import logging
 import os
+import socket
 import struct
 import sys
 import time
@@ -94,6 +97,87 @@ def cgroup_cpuset():
     return "-"
 
 
+# TensorBoard's event files, written with the standard library: the training image has no
+# tensorboard package, and the format is small. Each record is TFRecord-framed (length,
+# masked CRC-32C of the length, data, masked CRC-32C of the data); the data is an Event
+# protobuf, encoded by hand.
+def _crc32c_table():
+    table = []
+    for n in range(256):
+        for _ in range(8):
+            n = (n >> 1) ^ 0x82F63B78 if n & 1 else n >> 1
+        table.append(n)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), as TFRecord uses."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked_crc(data):
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n):
+    out = bytearray()
+    n &= (1 << 64) - 1
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field_bytes(number, data):
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _event(wall_time, step, file_version=None, scalar=None):
+    """An Event: wall_time (1, double), step (2, int64), then file_version (3, string) or a
+    summary (5) holding one Summary.Value: tag (1, string), simple_value (2, float)."""
+    data = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+    if file_version is not None:
+        data += _field_bytes(3, file_version.encode())
+    if scalar is not None:
+        tag, value = scalar
+        summary_value = _field_bytes(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
+        data += _field_bytes(5, _field_bytes(1, summary_value))
+    return data
+
+
+class EventWriter:
+    """One TensorBoard event file in ``folder``, named as TensorBoard's own writers name theirs."""
+
+    def __init__(self, folder):
+        os.makedirs(folder, exist_ok=True)
+        now = time.time()
+        self.path = os.path.join(folder, f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}.0")
+        self.fh = open(self.path, "wb")
+        self._write(_event(now, 0, file_version="brain.Event:2"))
+        self.flush()
+
+    def _write(self, data):
+        header = struct.pack("<Q", len(data))
+        self.fh.write(header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data)))
+
+    def scalar(self, tag, value, step):
+        self._write(_event(time.time(), step, scalar=(tag, float(value))))
+
+    def flush(self):
+        self.fh.flush()
+
+    def close(self):
+        self.fh.close()
+
+
 def checksum(model):
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -148,6 +232,9 @@ def main(argv=None):
     if distributed:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.5)
+    # Each rank its own folder: TensorBoard shows one run per folder, so ranks sharing a
+    # node's out folder stay apart.
+    events = EventWriter(os.path.join(args.out_dir, "tensorboard", f"rank-{rank}"))
 
     for epoch in range(1, args.epoch + 1):
         sampler.set_epoch(epoch)
@@ -157,7 +244,10 @@ def main(argv=None):
             loss = F.nll_loss(model(data), target)
             loss.backward()
             optimizer.step()
+            # The step as the run's summary counts it (report.parse_steps).
+            events.scalar("train/loss", loss.item(), (epoch - 1) * len(loader) + batch_idx)
             if batch_idx % args.log_interval == 0 or batch_idx == len(loader) - 1:
+                events.flush()
                 log.info("Train Epoch: %d [%d/%d (%.0f%%)]\tloss=%.4f",
                          epoch, batch_idx, len(loader), 100.0 * batch_idx / len(loader), loss.item())
 
@@ -168,6 +258,8 @@ def main(argv=None):
             for data, target in DataLoader(test, batch_size=256)
         )
     log.info("Test accuracy: %d/%d (%.1f%%)", correct, len(test), 100.0 * correct / len(test))
+    events.scalar("test/accuracy", correct / len(test), args.epoch * len(loader))
+    events.close()
 
     plain = model.module if distributed else model
     os.makedirs(args.out_dir, exist_ok=True)

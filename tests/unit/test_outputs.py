@@ -1,0 +1,153 @@
+"""What comes back of the ranks' out folders: which files are torchfleet's (torchfleet.outputs),
+what the node packs under the limit (module_utils.out_folder), and how the controller puts the
+archive in place."""
+
+import hashlib
+import io
+import os
+import tarfile
+
+import pytest
+from test_spec import RUN_ID, build
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils import out_folder
+from torchfleet import outputs, spec
+
+# What the nodes' modules and guards write in a run folder, by mode and host (the spec's
+# prefix is tfjob; node-1 is the master with ranks 0 and 1, node-2 has rank 2).
+C = f"tfjob-{RUN_ID}"
+TORCHFLEET_FILES = {
+    ("container", None, "node-1"): ["spec.json", "guard.py", "run_vocab.py", "__pycache__/run_vocab.cpython-311.pyc",
+                                    "guard.json", "guard-0.json", "guard-1.json", "job.json",
+                                    "rank-0.log", "rank-1.log", "checksum-rank-0.txt", "checksum-rank-1.txt",
+                                    "model.pt", f"heartbeat-{C}-rank0", f"heartbeat-{C}-rank1", "stop",
+                                    "job.json.tmp4242", "guard.json.tmp"],
+    ("container", None, "node-2"): ["spec.json", "guard.py", "run_vocab.py", "guard.json", "guard-2.json", "rank-2.log",
+                                    "checksum-rank-2.txt", f"heartbeat-{C}-rank2"],
+    ("process", None, "node-2"): ["spec.json", "guard.py", "run_vocab.py", "guard.json", "guard-2.json", "rank-2.log",
+                                  "rank-2.meta",
+                                  "rank-2.pid", "rank-2.exit", "rank-2.stopped", "rank-2.secret", "rank-2.unit",
+                                  "checksum-rank-2.txt", "heartbeat-rank-2", "rank-2.meta.tmp"],
+    ("torchrun", "process", "node-1"): ["spec.json", "guard.py", "guard.json", "guard-0.json", "job.json",
+                                        "torchrun.log", "torchrun.meta", "torchrun.pid", "torchrun.exit",
+                                        "heartbeat-torchrun", "rank-0.log", "checksum-rank-0.txt", "model.pt"],
+    ("mpirun", None, "node-1"): ["spec.json", "guard.py", "guard.json", "guard-0.json", "job.json", "mpirun.log",
+                                 "node.env", "node.secret.env", "model.pt", "checksum-rank-0.txt"],
+    ("mpirun", None, "node-2"): ["spec.json", "guard.py", "guard.json", "guard-1.json", "sshd.log", "node.env",
+                                 "node.secret.env", "checksum-rank-2.txt"],
+}
+# What a user's script may write there; a name torchfleet uses at the top is the user's below it.
+USER_FILES = ["metrics.json", "tensorboard/rank-0/events.out.tfevents.1700000000.node-1.7.0", "sub/__pycache__/x.pyc",
+              "ckpt/epoch-1/rank-0.log", "ckpt/model.pt", "stop-early.txt", "rank-9.log"]
+
+
+def write(root, files, content=lambda path: path.encode()):
+    for rel in files:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content(rel))
+
+
+@pytest.mark.parametrize("mode, runtime, host", list(TORCHFLEET_FILES), ids=lambda v: str(v))
+def test_only_the_users_files_of_a_run_folder_count_as_its_out_folder(tmp_path, mode, runtime, host):
+    write(tmp_path, TORCHFLEET_FILES[(mode, runtime, host)] + USER_FILES)
+    own = outputs.own_files(spec.redacted(build(mode, runtime)), host)
+    assert [path for path, _ in out_folder.listing(str(tmp_path), own)] == sorted(USER_FILES)
+
+
+def test_a_model_on_a_node_other_than_the_master_is_the_users():
+    assert "model.pt" not in outputs.own_files(spec.redacted(build("container")), "node-2")
+
+
+def test_links_are_neither_listed_nor_followed(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("x")
+    run = tmp_path / "run"
+    write(run, ["a.txt"])
+    (run / "to-secret").symlink_to(tmp_path / "outside" / "secret")
+    (run / "to-folder").symlink_to(tmp_path / "outside")
+    assert out_folder.listing(str(run), []) == [("a.txt", len(b"a.txt"))]
+
+
+def test_the_smallest_files_are_taken_first_within_the_limit():
+    files = [("ckpt/big.pt", 700), ("events", 10), ("metrics.json", 100), ("ckpt/mid.pt", 300), ("zero", 0)]
+    taken, left = out_folder.pick(files, 420)
+    assert taken == [("ckpt/mid.pt", 300), ("events", 10), ("metrics.json", 100), ("zero", 0)]
+    assert left == [("ckpt/big.pt", 700)]
+    assert out_folder.pick(files, 0) == ([], sorted(files))
+    assert out_folder.pick(files, 10_000) == (sorted(files), [])
+
+
+def test_an_archive_arrives_whole_with_every_byte(tmp_path):
+    node, out = tmp_path / "node", tmp_path / "runs" / "r1" / "out" / "node-1"
+    blob = os.urandom(3 << 20)
+    write(node, ["metrics.json", "nested/deep/data.bin", "tensorboard/rank-0/events.out.tfevents.1.h"],
+          lambda rel: blob if rel.endswith(".bin") else rel.encode() * 100)
+    archive = tmp_path / "out.tar.gz"
+    paths = ["metrics.json", "nested/deep/data.bin", "tensorboard/rank-0/events.out.tfevents.1.h", "gone.txt"]
+    assert out_folder.archive(str(node), paths, str(archive)) == paths[:3]
+    assert outputs.place(archive, out) == sorted(paths[:3])
+    for rel in paths[:3]:
+        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == hashlib.sha256((node / rel).read_bytes()).hexdigest()
+    # Nothing but the folder itself is left beside it.
+    assert os.listdir(out.parent) == ["node-1"]
+
+
+def test_a_second_collect_replaces_the_folder_whole(tmp_path):
+    out = tmp_path / "out" / "node-1"
+    write(out, ["old.txt"])
+    node = tmp_path / "node"
+    write(node, ["new.txt"])
+    out_folder.archive(str(node), ["new.txt"], str(tmp_path / "a.tar.gz"))
+    outputs.place(tmp_path / "a.tar.gz", out)
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert os.listdir(out.parent) == ["node-1"]
+
+
+def test_an_archive_from_a_node_cannot_write_outside_its_folder_or_leave_links(tmp_path):
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in (("../escape.txt", b"x"), ("/abs.txt", b"x"), ("fine/ok.txt", b"ok")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    out = tmp_path / "runs" / "out" / "node-1"
+    assert outputs.place(archive, out) == ["fine/ok.txt"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() or p.is_symlink()) == \
+        ["evil.tar.gz", "runs/out/node-1/fine/ok.txt"]
+
+
+def test_a_broken_archive_leaves_the_last_folder_and_no_partial_one(tmp_path):
+    out = tmp_path / "out" / "node-1"
+    write(out, ["kept.txt"])
+    (tmp_path / "broken.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(tarfile.TarError):
+        outputs.place(tmp_path / "broken.tar.gz", out)
+    assert os.listdir(out.parent) == ["node-1"] and os.listdir(out) == ["kept.txt"]
+
+
+def test_the_message_names_the_node_its_ranks_what_stayed_and_how_to_get_it():
+    run_spec = spec.redacted(build("container"))
+    found = {"total": [5, 12 << 20], "taken": [3, 1 << 20], "left": [2, 11 << 20],
+             "left_largest": [["ckpt/b.pt", 8 << 20], ["ckpt/a.pt", 3 << 20]]}
+    entry = outputs.record("node-1", run_spec, "/var/lib/tfnode/runs/x", "/runs/x/out/node-1", found, 2)
+    assert entry["ranks"] == [0, 1] and entry["left_files"] == 2 and entry["left_bytes"] == 11 << 20
+    message = entry["message"]
+    assert message.startswith("node-1 (ranks 0, 1): 2 of the out folder's 5 files (11.0 MB of 12.0 MB) stayed")
+    assert "launch_collect_out_max_mb=2" in message and "ckpt/b.pt (8.0 MB)" in message
+    assert "node-1:/var/lib/tfnode/runs/x" in message
+    assert message.endswith(f"torchfleet collect {RUN_ID} -e launch_collect_out_max_mb=12")
+    whole = dict(found, taken=[5, 12 << 20], left=[0, 0], left_largest=[])
+    assert outputs.record("node-1", run_spec, "/n", "/o", whole, 1024)["message"] is None
+
+
+@pytest.mark.parametrize("value, ok", [(-1, False), (0, True), (1024, True), (1 << 20, True), ((1 << 20) + 1, False),
+                                       ("lots", False)])
+def test_the_limit_is_checked_with_the_launchs_other_numbers(value, ok):
+    (name, low, high, why), = [r for r in spec.RANGES if r[0] == "launch_collect_out_max_mb"]
+    bad = spec.out_of_range([{"name": name, "value": value, "min": low, "max": high, "why": why}])
+    assert bad == ([] if ok else [{"variable": name, "message": f"{name}={value} must be between 0 and 1048576 "
+                                                                "(0: bring no out folder back)"}])

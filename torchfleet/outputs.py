@@ -1,0 +1,128 @@
+"""What comes back of the ranks' out folders (TORCHFLEET_OUT_DIR) into runs/RUN/out/HOST/.
+
+A node's ranks share one out folder, the run's folder on the node (a container sees it as
+/out), so it comes back per node. torchfleet's own files there (logs, checksums, the model,
+guard records, heartbeats, the spec) are left out: report.run_files brings back those worth
+keeping, into runs/RUN/ itself. The node lists and packs (module_utils/out_folder.py); this
+module says what is torchfleet's, puts an archive in place and words what the limit left.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping
+
+from torchfleet import report
+from torchfleet.vocab import run_vocab as vocab
+
+VARIABLE = "launch_collect_out_max_mb"
+MB = 1 << 20
+# launch_collect_out_max_mb's bound: a TiB per node.
+MAX_MB = 1 << 20
+# The run folder's files that torchfleet writes whatever the mode: the spec, the guard, the
+# run's vocabulary it imports (and Python's cache of it, a folder) and its config, the
+# mpirun environment files (one of them secret), the stop request and the run's state (on
+# the master).
+OWN = (vocab.SPEC, vocab.GUARD_SOURCE, vocab.VOCAB_SOURCE, "__pycache__", vocab.GUARD_CONFIG, "node.env",
+       vocab.SECRET_ENV, vocab.STOP, vocab.JOB)
+# A bare-process unit's files beside its log (module rank_processes).
+PROCESS_SUFFIXES = (".log", ".meta", ".pid", ".exit", ".unit", ".stopped", ".secret")
+
+
+def own_files(spec: Mapping[str, Any], host: str) -> list[str]:
+    """Patterns of the top-level names in ``host``'s run folder that are torchfleet's: the
+    files report.run_files brings back (its ranks' logs and checksums, its guard records,
+    and on the master model.pt: a second copy would double the largest download), every
+    unit's log, process files and heartbeat, and OWN; each also while it is written (NAME.tmp*)."""
+    names = {name for name, _ in report.run_files(spec, host)} | set(OWN)
+    for unit in spec["units"]:
+        if unit["host"] != host:
+            continue
+        if unit.get("kind") == "process":
+            names |= {unit["name"] + suffix for suffix in PROCESS_SUFFIXES}
+        ranks = unit.get("ranks") or []
+        names.add(f"rank-{ranks[0]}.log" if unit["role"] == "rank" and ranks else f"{unit['role']}.log")
+        beat = (unit.get("env") or {}).get("TORCHFLEET_HEARTBEAT")
+        if beat:
+            names.add(posixpath.basename(beat))
+    names = sorted(n.replace("[", "[[]") for n in names)
+    return names + [f"{n}.tmp*" for n in names]
+
+
+def place(archive: str | Path, out_dir: str | Path) -> list[str]:
+    """Unpack a node's archive into ``out_dir`` (runs/RUN/out/HOST) whole: into a temporary
+    folder beside it, renamed over it at the end, so that a reader never sees half of it.
+    Only regular files with plain relative paths are taken (the archive comes from a node);
+    each is streamed. Returns the paths placed."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    part = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.part-", dir=out_dir.parent))
+    placed = []
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar:
+                name = PurePosixPath(member.name)
+                if not member.isreg() or name.is_absolute() or ".." in name.parts or not name.parts:
+                    continue
+                dest = part.joinpath(*name.parts)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, open(dest, "wb") as fh:
+                    shutil.copyfileobj(src, fh, 1 << 20)
+                os.utime(dest, (member.mtime, member.mtime))
+                placed.append(str(name))
+        part.chmod(0o755)
+        _replace_dir(part, out_dir)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    return sorted(placed)
+
+
+def _replace_dir(new: Path, dest: Path) -> None:
+    """Rename ``new`` to ``dest``; an older ``dest`` is first renamed aside, then removed."""
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        os.replace(dest, old / dest.name)
+        os.replace(new, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, dest)
+
+
+def record(host: str, spec: Mapping[str, Any], node_run_dir: str, out_dir: str, found: Mapping[str, Any],
+           max_mb: int) -> dict[str, Any]:
+    """What came back of ``host``'s out folder, for summary.json, from run_outputs' result
+    ``found``; with ``message`` where the limit left files on the node."""
+    files, size = found["total"]
+    taken, taken_bytes = found["taken"]
+    left, left_bytes = found["left"]
+    ranks = sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host)
+    entry = {"host": host, "ranks": ranks, "dir": out_dir if taken else None, "files": files, "bytes": size,
+             "taken_files": taken, "taken_bytes": taken_bytes, "left_files": left, "left_bytes": left_bytes,
+             "left_largest": [list(f) for f in found.get("left_largest") or []], "max_mb": max_mb,
+             "node_dir": node_run_dir, "message": None}
+    if left:
+        entry["message"] = left_message(spec["run_id"], entry)
+    return entry
+
+
+def left_message(run_id: str, entry: Mapping[str, Any]) -> str:
+    """Which node (and ranks) kept what, under which limit, and the two ways to get it."""
+    ranks = entry["ranks"]
+    who = f"{entry['host']} (rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks)) or '-'})"
+    largest = ", ".join(f"{path} ({_mb(size)})" for path, size in entry["left_largest"][:3])
+    need = -(-entry["bytes"] // MB) or 1
+    return (f"{who}: {entry['left_files']} of the out folder's {entry['files']} files ({_mb(entry['left_bytes'])} "
+            f"of {_mb(entry['bytes'])}) stayed on the node, over {VARIABLE}={entry['max_mb']}"
+            f"{'; the largest: ' + largest if largest else ''}. They are in {entry['host']}:{entry['node_dir']} "
+            f"(until the node prunes the run); to bring the whole folder back: "
+            f"torchfleet collect {run_id} -e {VARIABLE}={need}")
+
+
+def _mb(size: int) -> str:
+    return f"{size / MB:.1f} MB"
