@@ -1,0 +1,47 @@
+"""Check the inventory as a whole on the controller, before any node is read or changed."""
+
+from pathlib import Path
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+from torchfleet import hosts, lookalike, spec
+from torchfleet.errors import InventoryError
+
+display = Display()
+
+ARGS = {"group": {"type": "str", "required": True}, "roles_dir": {"type": "path", "required": True}}
+# Variables torchfleet's own tasks set, which are not the user's to set.
+SET_BY_TASKS = {"cpu_pinning_plan", "overlay_node_address", "launch_plan_view"}
+# What a host's connection and its run id are read from.
+_READ = ("ansible_connection", "ansible_host", "ansible_port", "launch_run_id")
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = core.validate_args(self, ARGS)
+        hostvars = task_vars["hostvars"]
+        try:
+            names = hosts.group_hosts(task_vars["groups"], args["group"])
+        except InventoryError as exc:
+            return core.fail_input(result, exc)
+        known = lookalike.known_names(Path(args["roles_dir"])) | SET_BY_TASKS
+        warnings = lookalike.merged([w for h in names for w in lookalike.lookalikes(h, list(hostvars[h]), known)])
+        for w in warnings:
+            display.warning(w["message"])
+        result["torchfleet_warnings"] = warnings
+        try:
+            read = {h: self._templar.template({k: hostvars[h][k] for k in _READ if k in hostvars[h]}) for h in names}
+            for run_id in sorted({str(v["launch_run_id"]) for v in read.values() if v.get("launch_run_id")}):
+                spec.check_run_id(run_id)
+            hosts.refuse_shared_targets({h: hosts.connection_target(h, read[h]) for h in names})
+        except InventoryError as exc:
+            return core.fail_input(result, exc)
+        # The nodes: the API counts them, not the localhost that ran this check.
+        result.update(changed=False, torchfleet_hosts=names)
+        return result
