@@ -15,11 +15,18 @@ ratio in the same round (the order of the variants flips every round).
                 memory nodes, as the process mode launches it;
   run_cpu       `python -m torch.backends.xeon.run_cpu` with the same cores (--core-list, one
                 instance per rank, its default numactl binding) and the default allocator;
-  +jemalloc / +tcmalloc   torchfleet's pinning with the allocator preloaded (Debian's
-                libjemalloc2 with run_cpu's MALLOC_CONF, libgoogle-perftools4), when installed.
+  +jemalloc / +tcmalloc   torchfleet's pinning with the allocator preloaded as the launch
+                preloads it (launch_malloc: the environment comes from torchfleet.spec.malloc_env,
+                the function every launch mode uses), when installed (Debian's libjemalloc2,
+                libgoogle-perftools4).
 
 The variants alternate for --rounds rounds and the median counts. Needs torch in the venv
 (`pip install torch==2.13.0`). Run from the repository root: python bench/pinning.py
+
+With --launch, the allocators are measured once more through torchfleet's own launch: one local
+docker host (made and removed by the bench) runs --ranks pinned rank containers of the same
+worker, one launch per variant and round, with launch_malloc default, tcmalloc and jemalloc;
+each rank's rate comes from its log. That needs no torch here, only the local cluster's images.
 """
 
 from __future__ import annotations
@@ -35,12 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from torchfleet import cpus
+try:
+    from torchfleet import cpus, spec
+except ImportError:  # the worker, when a launch runs this file in the training image, needs neither
+    cpus = spec = None
 
 HERE = Path(__file__).resolve()
-# run_cpu's own jemalloc settings; Debian's libraries live where run_cpu does not look.
-JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
-ALLOCATORS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc.so.4"}
+# --launch: a local docker host of the bench's own, apart from every test cluster.
+LAUNCH_NAME, LAUNCH_SUBNET = "torchfleet-bench-malloc", "172.29.10.0/24"
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -51,9 +60,12 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     # The bundled workload's own CNN, loaded by path so the bench measures exactly that model.
-    spec = importlib.util.spec_from_file_location("mnist", HERE.parents[1] / "files" / "workloads" / "mnist.py")
-    mnist = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mnist)
+    # Beside this file where a launch sent both, else the repository's.
+    path = next(p for p in (HERE.parent / "mnist.py", HERE.parents[1] / "files" / "workloads" / "mnist.py")
+                if p.exists())
+    module_spec = importlib.util.spec_from_file_location("mnist", path)
+    mnist = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mnist)
     Net = mnist.Net
 
     torch.manual_seed(0)
@@ -74,9 +86,13 @@ def worker(args: argparse.Namespace) -> None:
         step()
         steps += 1
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    result = {"samples": steps * args.batch, "rate": steps * args.batch / wall, "cpu_s": cpu, "affinity": cpus.format_cpulist(os.sched_getaffinity(0)),
+    affinity = sorted(os.sched_getaffinity(0))
+    result = {"samples": steps * args.batch, "rate": steps * args.batch / wall, "cpu_s": cpu,
+              "affinity": cpus.format_cpulist(affinity) if cpus else ",".join(map(str, affinity)),
               "threads": torch.get_num_threads(), "preload": os.environ.get("LD_PRELOAD", "")}
     Path(args.out, f"{os.getpid()}.json").write_text(json.dumps(result))
+    # A launched worker's result reaches the bench through its rank's log.
+    print(f"bench-result {json.dumps(result)}", flush=True)
 
 
 def node_plan(ranks: int) -> list[dict]:
@@ -114,9 +130,7 @@ def run_variant(name: str, plan: list[dict], args: argparse.Namespace) -> tuple[
     else:
         env = dict(base)
         if name != "torchfleet":
-            env["LD_PRELOAD"] = library(name.lstrip("+"))
-            if name == "+jemalloc":
-                env["MALLOC_CONF"] = JEMALLOC_CONF
+            env.update(spec.malloc_env(name.lstrip("+"), env))
         for p in plan:
             procs.append(subprocess.Popen(["taskset", "--cpu-list", p["cpuset"]] + me, start_new_session=True,
                                           env=dict(env, OMP_NUM_THREADS=str(p["omp_num_threads"]))))
@@ -130,8 +144,50 @@ def run_variant(name: str, plan: list[dict], args: argparse.Namespace) -> tuple[
 
 
 def library(name: str) -> str:
-    found = glob.glob(f"/usr/lib/*/{ALLOCATORS[name]}") + glob.glob(f"/usr/lib/{ALLOCATORS[name]}")
+    """Where the loader finds launch_malloc ``name``'s library on this machine, or ''."""
+    soname = spec.ALLOCATORS[name]["library"]
+    found = glob.glob(f"/usr/lib/*/{soname}") + glob.glob(f"/usr/lib/{soname}")
     return found[0] if found else ""
+
+
+def launched(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
+    """(samples/s, samples per CPU-s) of each launch_malloc, each round, through torchfleet's
+    own launch: --ranks pinned rank containers of this worker on one local docker host."""
+    import torchfleet
+
+    state = HERE.parents[1] / ".torchfleet"
+    folder = Path(tempfile.mkdtemp(prefix="torchfleet-bench-malloc-"))
+    (folder / "pinning.py").write_text(HERE.read_text())
+    (folder / "mnist.py").write_text((HERE.parents[1] / "files" / "workloads" / "mnist.py").read_text())
+    inventory = state / "bench-malloc" / "inventory"
+    env = {"TORCHFLEET_STATE_DIR": str(state)}
+    print(f"\nthrough torchfleet's launch: local cluster {LAUNCH_NAME}, 1 docker host, {args.ranks} ranks", flush=True)
+    cluster, _ = torchfleet.local_up(1, name=LAUNCH_NAME, subnet=LAUNCH_SUBNET, inventory_dir=inventory,
+                                     runs_dir=state / "bench-malloc" / "runs", env=env)
+    variants = ["default", *spec.ALLOCATORS]
+    measured: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    try:
+        cluster.provision()
+        for i in range(args.rounds):
+            for malloc in variants if i % 2 == 0 else variants[::-1]:
+                # The ranks start together (one node, one phase); each warms up, then measures.
+                run = cluster.launch(torchfleet.Job(
+                    workload=folder, entrypoint="pinning.py", name="bench-malloc",
+                    args=["--worker", "--out", "{out_dir}", "--start-at", "0", "--seconds", str(args.seconds),
+                          "--batch", str(args.batch)],
+                    extra_vars={"launch_malloc": malloc, "torchfleet_procs_per_node": args.ranks,
+                                "cpu_pinning": True}))
+                results = [json.loads(line.split(" ", 1)[1]) for r in run.ranks for line in r.log().splitlines()
+                           if line.startswith("bench-result ")]
+                if len(results) != args.ranks:
+                    sys.exit(f"launch_malloc={malloc}: {len(results)} of {args.ranks} ranks reported")
+                rate = sum(r["rate"] for r in results)
+                measured[malloc].append((rate, sum(r["samples"] for r in results) / sum(r["cpu_s"] for r in results)))
+                print(f"  round {i + 1}  launch_malloc={malloc:<9} {rate:8.1f} samples/s  preload "
+                      f"{results[0]['preload'] or '-'}", flush=True)
+    finally:
+        torchfleet.local_down(name=LAUNCH_NAME, inventory_dir=inventory, env=env)
+    return measured
 
 
 def main() -> None:
@@ -141,6 +197,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per round")
     parser.add_argument("--warmup", type=float, default=12.0, help="seconds until the common start")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--launch", action="store_true",
+                        help="also measure launch_malloc through torchfleet's own launch on a local docker host")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -151,8 +209,8 @@ def main() -> None:
 
     plan = node_plan(args.ranks)
     variants = ["unpinned", "torchfleet", "run_cpu"]
-    missing = [n for n in ALLOCATORS if not library(n)]
-    variants += [f"+{n}" for n in ALLOCATORS if n not in missing]
+    missing = [n for n in spec.ALLOCATORS if not library(n)]
+    variants += [f"+{n}" for n in spec.ALLOCATORS if n not in missing]
     print(f"{args.ranks} ranks on {os.cpu_count()} CPUs; torchfleet's plan: "
           + ", ".join(f"{p['cpuset']} ({p['omp_num_threads']} threads, mems {p['cpuset_mems'] or '-'})" for p in plan))
     if missing:
@@ -178,6 +236,12 @@ def main() -> None:
         wall = statistics.median(x / y for x, y in zip(rates[a], rates[b]))
         cpu = statistics.median(x / y for x, y in zip(per_cpu[a], per_cpu[b]))
         print(f"{label:<40}{wall:>10.2f}{cpu:>11.2f}")
+    if args.launch:
+        measured = launched(args)
+        for malloc in spec.ALLOCATORS:
+            wall = statistics.median(x[0] / y[0] for x, y in zip(measured[malloc], measured["default"]))
+            cpu = statistics.median(x[1] / y[1] for x, y in zip(measured[malloc], measured["default"]))
+            print(f"{'launch_malloc ' + malloc + ' / default':<40}{wall:>10.2f}{cpu:>11.2f}")
 
 
 if __name__ == "__main__":
