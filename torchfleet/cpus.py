@@ -296,8 +296,8 @@ def check_explicit(
     return plan
 
 
-# The cpu_pinning role's variables (roles/cpu_pinning/defaults says what each means), as
-# the launch and the role's cpu_plan both read them.
+# The cpu_pinning role's variables (roles/cpu_pinning/defaults says what each means), which
+# the launch reads to plan the pinning (launch_input, then launch_spec).
 PINNING_VARIABLES = ("cpu_pinning_enabled", "cpu_pinning_use_hyperthreads", "cpu_pinning_cores_per_rank",
                      "cpu_pinning_reserved_cpus", "cpu_pinning_cpusets")
 
