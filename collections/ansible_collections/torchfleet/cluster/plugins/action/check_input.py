@@ -7,44 +7,6 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 from torchfleet.errors import InventoryError
 
-DOCUMENTATION = r"""
-module: check_input
-short_description: An input check whose failure carries its host and variable
-description:
-  - Like M(ansible.builtin.assert) for the inventory's input, but a failure returns
-    C(torchfleet_error) with the host and the variable, which the API and the CLI read to
-    tell bad input (exit 2) from a node that failed (exit 3).
-options:
-  that:
-    description: The condition, already evaluated (C("{{ ... }}")); false fails.
-    type: bool
-  msg:
-    description: One sentence saying what is wrong and what would be right.
-    type: str
-  variable:
-    description: The variable the user has to change.
-    type: str
-  kind:
-    description:
-      - C(input), C(node) for a node whose state does not fit the launch, or C(running) for
-        a launch refused because its job still runs.
-    type: str
-    default: input
-  checks:
-    description:
-      - Instead of one check, several (each with I(that), I(msg), I(variable) and I(kind)),
-        in one task; each task costs a process per node. The first that fails gives the
-        error's variable and kind; the message names every one that failed.
-      - A check may name the I(host) it is about (a run_once task checking every node);
-        without it, the check is about the task's own host. Checks that fail with the same
-        message are named once, with all their hosts.
-    type: list
-    elements: dict
-  consequence:
-    description: What a failure means beyond the checks (C(so no rank was started on any node)), added to the message.
-    type: str
-"""
-
 _KINDS = ["input", "node", "running"]
 _CHECK = {"that": {"type": "bool", "required": True}, "msg": {"type": "str", "required": True},
           "variable": {"type": "str", "required": True}, "kind": {"type": "str", "choices": _KINDS, "default": "input"},

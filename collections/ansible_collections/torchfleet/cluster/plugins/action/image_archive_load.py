@@ -15,23 +15,6 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 
-DOCUMENTATION = r"""
-module: image_archive_load
-short_description: Stream a docker save archive from the controller into a node's engine and load it
-options:
-  src:
-    description:
-      - The archive on the controller, or with I(on_node) on the node; a C(~) in it is the
-        home folder of the machine that reads it.
-    type: str
-    required: true
-  on_node:
-    description: The archive is already at I(src) on the node (shared storage); nothing is sent.
-    type: bool
-    default: false
-  timeout: {description: Seconds the engine may take to load it., type: int, default: 600}
-"""
-
 ARGS = {
     # str, not path: a path option expands ~ on the controller, which is wrong for on_node.
     "src": {"type": "str", "required": True},

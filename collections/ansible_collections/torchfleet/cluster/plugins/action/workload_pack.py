@@ -8,36 +8,6 @@ from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 from torchfleet import workload
 from torchfleet.errors import InventoryError
 
-DOCUMENTATION = r"""
-module: workload_pack
-short_description: Pack a workload file or folder into a tar on the controller
-description:
-  - Writes the workload's files (less .git, __pycache__, *.pyc and the patterns of its
-    .torchfleetignore) to a tar whose bytes depend only on the files' paths, contents and
-    executable bits, so an unchanged workload gives the same checksum.
-  - Returns the command the ranks run from the unpacked workload folder.
-    Fails with the variable named on bad input.
-options:
-  src:
-    description: The workload, a training script or a folder, on the controller.
-    type: path
-    required: true
-  dest:
-    description: The tar to write; its folder is created if missing.
-    type: path
-    required: true
-  entrypoint:
-    description:
-      - The script to run, relative to the folder (C(train.py)), or C(-m package.module).
-      - May be empty only when I(src) is a file.
-    type: str
-    default: ""
-  python:
-    description: The Python that runs the entrypoint on the nodes.
-    type: str
-    required: true
-"""
-
 ARGUMENT_SPEC = {
     "src": {"type": "path", "required": True},
     "dest": {"type": "path", "required": True},

@@ -37,7 +37,7 @@ def alive(pid):
 
 def is_running(module, entry):
     if "unit" in entry:
-        rc, _, _ = module.run_command(["systemctl", "is-active", "--quiet", entry["unit"]])
+        rc, _out, _err = module.run_command(["systemctl", "is-active", "--quiet", entry["unit"]])
         return rc == 0
     return alive(entry["pid"])
 

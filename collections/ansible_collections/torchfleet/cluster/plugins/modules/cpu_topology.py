@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
-
 DOCUMENTATION = r"""
 module: cpu_topology
 short_description: A node's CPUs, cores, sockets, NUMA nodes, hyper-thread siblings and limits
@@ -14,7 +10,14 @@ description:
   - Runs C(lscpu -p=CPU,CORE,SOCKET,NODE,ONLINE --all), so offline CPUs are known too, and reads
     what the node lets its processes use, so the controller can compute each rank's cpuset and
     memory nodes from facts.
+author: torchfleet developers (!UNKNOWN)
 options: {}
+"""
+
+EXAMPLES = r"""
+- name: Read the node's CPU topology
+  torchfleet.cluster.cpu_topology:
+  register: topology
 """
 
 RETURN = r"""
@@ -40,6 +43,10 @@ mems_allowed:
   returned: always
   type: str
 """
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
 
 
 def main():

@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-import threading
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: overlay_probe
 short_description: TCP connections and WireGuard handshakes between every pair of nodes
@@ -42,6 +35,18 @@ options:
     description: Seconds to wait for every connection.
     type: float
     default: 10
+author: torchfleet developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Check that every node reaches every other over the overlay
+  torchfleet.cluster.overlay_probe:
+    interface: wg0
+    address: 10.77.0.1
+    peers: {node-2: 10.77.0.2, node-3: 10.77.0.3}
+    port: 51900
+    timeout: 20
+  register: probe
 """
 
 RETURN = r"""
@@ -50,6 +55,13 @@ peers:
   returned: always
   type: dict
 """
+
+import ipaddress
+import socket
+import threading
+import time
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def listen(address, port, expected, deadline, accepted):
@@ -63,7 +75,7 @@ def listen(address, port, expected, deadline, accepted):
         try:
             while time.monotonic() < deadline and not expected <= accepted:
                 try:
-                    conn, (peer, _) = server.accept()
+                    conn, (peer, _port) = server.accept()
                 except socket.timeout:
                     continue
                 accepted.add(peer)
@@ -90,7 +102,7 @@ def connect(address, port, deadline):
 
 def handshakes(module, interface):
     """Each allowed network of the interface's peers, with that peer's latest handshake (0: never)."""
-    _, dump, _ = module.run_command(["wg", "show", interface, "dump"])
+    _rc, dump, _err = module.run_command(["wg", "show", interface, "dump"])
     rows = []
     for line in dump.splitlines()[1:]:
         fields = line.split("\t")

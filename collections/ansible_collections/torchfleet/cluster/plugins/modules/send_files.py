@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: send_files
 short_description: Send files from a controller folder to a node folder, in one task
@@ -18,19 +14,63 @@ description:
   - Which files differ is the caller's to say (torchfleet.cluster.files_to_copy, from a
     find with checksums on each side); ansible.builtin.copy would check and send each file
     in a task run of its own, per node.
+author: torchfleet developers (!UNKNOWN)
+notes:
+  - The send_files action plugin takes I(src_dir) and streams the files; it runs this module
+    with the task's temporary folder on the node in place of I(src_dir).
+  - The action refuses file names with a folder part, and files missing from I(src_dir), before
+    anything is sent. In check mode it sends nothing and reports what it would send.
 options:
-  staged_dir: {description: Set by the action (whose own option src_dir names the controller's folder), the temporary folder on the node that holds the files., type: path, required: true}
-  dest_dir: {description: The folder on the node., type: path, required: true}
-  files: {description: File names in I(src_dir) to send., type: list, elements: str, required: true}
-  mode: {description: The files' mode., type: str, default: "0644"}
-  dir_mode: {description: I(dest_dir)'s mode where it is made., type: str, default: "0755"}
-  owner: {description: The files' owner (a name or uid); the module's user where unset., type: str}
-  group: {description: The files' group (a name or gid); the module's group where unset., type: str}
+  src_dir:
+    description: The folder on the controller that holds I(files).
+    type: path
+    required: true
+  dest_dir:
+    description: The folder on the node.
+    type: path
+    required: true
+  files:
+    description: File names in I(src_dir) to send; plain names, no folder part.
+    type: list
+    elements: str
+    required: true
+  mode:
+    description: The files' mode.
+    type: str
+    default: "0644"
+  dir_mode:
+    description: I(dest_dir)'s mode where it is made.
+    type: str
+    default: "0755"
+  owner:
+    description: The files' owner (a name or uid); the module's user where unset.
+    type: str
+  group:
+    description: The files' group (a name or gid); the module's group where unset.
+    type: str
+"""
+
+EXAMPLES = r"""
+- name: Send two files in one task
+  torchfleet.cluster.send_files:
+    src_dir: files/ssh
+    dest_dir: /etc/torchfleet/ssh
+    files: [known_hosts, config]
+    mode: "0600"
 """
 
 RETURN = r"""
-sent: {description: The files put in place., returned: always, type: list, elements: str}
+sent:
+  description: The files put in place.
+  returned: always
+  type: list
+  elements: str
+  sample: [known_hosts, config]
 """
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 # The options the action passes on as they are; the action adds src_dir, the module staged_dir.

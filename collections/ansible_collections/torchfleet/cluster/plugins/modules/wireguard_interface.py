@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: wireguard_interface
 short_description: A WireGuard interface (kernel or wireguard-go) in the configured state
@@ -62,6 +55,17 @@ options:
     description: Where a background wireguard-go writes its output.
     type: path
     default: /var/log/torchfleet-wireguard.log
+author: torchfleet developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Bring the overlay interface up, with wireguard-go where the kernel has no WireGuard
+  torchfleet.cluster.wireguard_interface:
+    name: wg0
+    conf: /etc/wireguard/wg0.conf
+    private_key: /etc/wireguard/wg0.key
+    address: 10.77.0.1/24
+    mtu: 1420
 """
 
 RETURN = r"""
@@ -75,6 +79,12 @@ created:
   type: bool
 """
 
+import json
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
 
 def _run(module, argv, data=None, check=True):
     rc, out, err = module.run_command(argv, data=data, binary_data=data is not None)
@@ -84,7 +94,7 @@ def _run(module, argv, data=None, check=True):
 
 
 def _link(module, name):
-    rc, out, _ = _run(module, ["ip", "-j", "-d", "addr", "show", "dev", name], check=False)
+    rc, out, _err = _run(module, ["ip", "-j", "-d", "addr", "show", "dev", name], check=False)
     if rc != 0 or not out.strip():
         return None
     return json.loads(out)[0]
@@ -95,7 +105,7 @@ def snapshot(module, name):
     link = _link(module, name)
     if link is None:
         return None
-    _, dump, _ = _run(module, ["wg", "show", name, "dump"], check=False)
+    _rc, dump, _err = _run(module, ["wg", "show", name, "dump"], check=False)
     lines = [line.split("\t") for line in dump.splitlines() if line]
     device = lines[0][1:3] if lines else []
     peers = sorted((p[0], p[1], p[2], ",".join(sorted(p[3].split(","))), p[7]) for p in lines[1:] if len(p) >= 8)
@@ -126,13 +136,14 @@ def create(module, name):
         _wait_for(module, name)
         return
     if params["implementation"] != "userspace":
-        rc, _, err = _run(module, ["ip", "link", "add", "dev", name, "type", "wireguard"], check=False)
+        rc, _out, err = _run(module, ["ip", "link", "add", "dev", name, "type", "wireguard"], check=False)
         if rc == 0:
             return
         if params["implementation"] == "kernel":
             module.fail_json(msg=f"no WireGuard kernel module: ip link add {name} type wireguard: {err.strip()}")
     binary = module.get_bin_path(params["wireguard_go"], required=True)
-    # Its own session and no pipe back to Ansible: it outlives this module, as a daemon would.
+    # Its own session and no pipe back to Ansible: it outlives this module, as a daemon would
+    # (Popen, since run_command waits for its child; tests/sanity/ignore-2.19.txt).
     with open(params["log"], "ab") as log:
         subprocess.Popen([binary, "-f", name], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True, close_fds=True)
@@ -141,7 +152,7 @@ def create(module, name):
 
 def apply(module, name):
     params = module.params
-    _, stripped, _ = _run(module, ["wg-quick", "strip", params["conf"]])
+    _rc, stripped, _err = _run(module, ["wg-quick", "strip", params["conf"]])
     with open(params["private_key"]) as fh:
         key = fh.read().strip()
     # Ansible masks it in anything this module returns, error messages included.

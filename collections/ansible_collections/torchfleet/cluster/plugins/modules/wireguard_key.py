@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: wireguard_key
 short_description: A WireGuard private key made on the node, which never leaves it
@@ -28,14 +23,28 @@ options:
     description: The wg binary.
     type: str
     default: wg
+author: torchfleet developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Make the node's WireGuard key on the node
+  torchfleet.cluster.wireguard_key:
+    path: /etc/wireguard/wg0.key
+  register: key
+  no_log: true
 """
 
 RETURN = r"""
 public_key:
-  description: The public key of the node's private key.
+  description: The public key of the node's private key; empty in check mode when a key would be made.
   returned: success
   type: str
 """
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def _write_private(module, path, wg):

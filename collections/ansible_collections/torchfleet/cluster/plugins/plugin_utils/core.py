@@ -9,7 +9,7 @@ import re
 import sys
 
 try:
-    import torchfleet  # noqa: F401
+    import torchfleet  # noqa: F401  # pylint: disable=unused-import
 except ImportError as exc:
     from ansible.errors import AnsibleError
 
