@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torchfleet
 from torchfleet import Job, JobFailed
+from torchfleet.vocab import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "torchfleet/train:2.13.0-cpu"
@@ -160,7 +161,7 @@ def inventory(count: int, keys: Path, folder: Path) -> Path:
 def guard_states(count: int, run_id: str) -> list[dict]:
     """What every guard of the run recorded, read on the nodes themselves."""
     read = ("import glob, json; print(json.dumps([json.load(open(p)) for p in "
-            f"glob.glob('/var/lib/torchfleet/runs/{run_id}/guard-*.json')]))")
+            f"glob.glob('/var/lib/torchfleet/runs/{run_id}/{run_vocab.GUARD_RECORDS}')]))")
     states = []
     for i in range(1, count + 1):
         out = subprocess.run(["docker", "exec", node(i), PYTHON, "-c", read], capture_output=True, text=True).stdout
@@ -170,7 +171,7 @@ def guard_states(count: int, run_id: str) -> list[dict]:
 
 def supervised(count: int, run_id: str) -> bool:
     """Whether the store's host has heard every guard, from the master's job.json."""
-    out = subprocess.run(["docker", "exec", node(1), "cat", f"/var/lib/torchfleet/runs/{run_id}/job.json"],
+    out = subprocess.run(["docker", "exec", node(1), "cat", f"/var/lib/torchfleet/runs/{run_id}/{run_vocab.JOB}"],
                          capture_output=True, text=True).stdout
     try:
         job = json.loads(out)

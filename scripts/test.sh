@@ -58,6 +58,8 @@ lane() {
 checks() {
   stage "yamllint" yamllint --strict .
   stage "ansible-lint" ansible-lint
+  # Before the unit tests, whose validate-modules test reuses the sanity venvs it makes.
+  stage "ansible-test sanity" ./scripts/sanity.sh
   stage "pytest unit" pytest -q -ra -m "not cluster and not faults" tests
 }
 
@@ -77,15 +79,17 @@ else
     export TORCHFLEET_IMAGES_READY=1
   fi
   # Each lane's stages, one lane per line. Balanced by their wall times in minutes on a
-  # fresh clone of this 2-core machine (see README); each lane starts with a heavy converge.
+  # fresh clone of this 2-core machine (docs/testing.md); each lane starts with a heavy converge.
   if [ -n "${SCENARIOS:-}" ]; then
     plan=$SCENARIOS
   elif [ "$lanes" -ge 3 ]; then
-    plan=$'mpirun tls image-pull\ndefault bare-metal\npytest overlay'
+    plan=$'mpirun tls image-pull\ndefault bare-metal slurm\npytest overlay'
   elif [ "$lanes" -ge 2 ]; then
-    plan=$'default bare-metal tls overlay\nmpirun pytest image-pull'
+    # slurm: 6m23s on its own under a load of about 9 (its largest task: the apt install of
+    # Slurm and munge, 34 s), in the lane that ends first (the other decides the total).
+    plan=$'default bare-metal tls overlay slurm\nmpirun pytest image-pull'
   else
-    plan="default image-pull tls mpirun bare-metal overlay pytest"
+    plan="default image-pull tls mpirun bare-metal overlay slurm pytest"
   fi
   while read -r -a items; do
     lane "${items[@]}" </dev/null &

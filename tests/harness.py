@@ -17,12 +17,24 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
 # The two docker hosts that the API and CLI tests and the fault matrix share (tests/conftest.py);
 # every molecule scenario has a subnet of its own.
-NAME = "pytest-cluster"
-SUBNET = "172.29.6.0/24"
+# Another name and subnet (TORCHFLEET_TEST_CLUSTER, TORCHFLEET_TEST_CLUSTER_SUBNET) let a
+# second suite run beside this one.
+NAME = os.environ.get("TORCHFLEET_TEST_CLUSTER", "pytest-cluster")
+SUBNET = os.environ.get("TORCHFLEET_TEST_CLUSTER_SUBNET", "172.29.6.0/24")
 # The nodes' engines start with the training image, from the seed that scripts/test.sh makes
 # (loading it is the molecule default and tls scenarios' test); without a seed, they load it.
 ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet"),
        "TORCHFLEET_ENGINE_SEED": f"{os.environ.get('TORCHFLEET_TEST_PREFIX', 'molecule')}-engine-seed"}
+
+
+def role_guard() -> dict:
+    """A launch's job["guard"] (torchfleet.spec.GUARD_VARIABLES) as the launch role's defaults set it."""
+    import yaml
+
+    from torchfleet.spec import GUARD_VARIABLES
+
+    defaults = yaml.safe_load((ROOT / "roles" / "launch" / "defaults" / "main.yml").read_text())
+    return {key: defaults[variable] for key, variable in GUARD_VARIABLES.items()}
 
 
 def mark_folder(items, conftest: str, marker: pytest.MarkDecorator) -> None:

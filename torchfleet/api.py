@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from torchfleet.errors import (HostUnreachable, Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed,
                                TorchfleetError)
-from torchfleet.spec import RankSpec, new_run_id
+from torchfleet.spec import RankSpec, check_run_id, new_run_id
+from torchfleet.vocab import run_vocab as vocab
 
 # Argument specs report bad input in their own shape; every other input check of
 # torchfleet's returns ``torchfleet_error`` with its kind, host and variable.
@@ -38,6 +39,8 @@ _VARIABLE = re.compile(
     r"kubelet_cpu_manager|ssh_mesh|python_env)_[a-z0-9_]+|gloo_tls|sgx_devices|GLOO_TCP_IFACE)\b"
 )
 _HOST_PREFIX = re.compile(r"^host (\S+?):")
+# "host h: " or "hosts h, g: ", as check_input and InventoryError begin a sentence.
+_HOSTS_PREFIX = re.compile(r"^(host|hosts) ([^\s:,]+(?:, [^\s:,]+)*): ")
 
 
 def find_project(start: str | Path | None = None) -> Path:
@@ -58,7 +61,7 @@ def find_project(start: str | Path | None = None) -> Path:
 
 @dataclass
 class Failure:
-    host: str
+    host: str | None
     task: str
     message: str
     unreachable: bool = False
@@ -91,6 +94,8 @@ class PlaybookResult:
     failures: list[Failure] = field(default_factory=list)
     # The signal (SIGINT, SIGTERM) that cancelled the playbook, if one did.
     interrupted: int | None = None
+    # Inventory variables that look like torchfleet's and are ignored (torchfleet.lookalike).
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -126,12 +131,12 @@ class Plan:
     ready: dict[str, bool]
 
     @classmethod
-    def from_view(cls, view: Mapping[str, Any]) -> "Plan":
+    def from_view(cls, view: Mapping[str, Any], warnings: Sequence[Mapping[str, Any]] = ()) -> "Plan":
         spec = {k: v for k, v in view.items() if k != "ready"}
         ready = {str(h): bool(v) for h, v in (view.get("ready") or {}).items()}
         ranks = [RankPlan(**{k: r.get(k) for k in RankPlan.__dataclass_fields__ if k != "runtime_ready"},
                           runtime_ready=ready.get(r["host"], False)) for r in spec["ranks"]]
-        return cls(spec=spec, ranks=ranks, warnings=list(spec.get("warnings") or []), ready=ready)
+        return cls(spec=spec, ranks=ranks, warnings=[dict(w) for w in warnings], ready=ready)
 
     def __getattr__(self, name: str) -> Any:
         # run_id, mode, transport, image, master_host, master_addr, master_port, world_size,
@@ -150,7 +155,7 @@ class Plan:
         return f"{self.spec['master_addr']}:{self.spec['master_port']}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.spec, ready=self.ready)
+        return dict(self.spec, ready=self.ready, warnings=self.warnings)
 
 
 @dataclass
@@ -188,13 +193,20 @@ class RunResult:
     # Why the guards stopped the run: kind (rank_failed, node_lost, stalled, timeout,
     # stopped), host and reason; None for a run that ended by itself.
     abort: dict[str, Any] | None = None
+    # What came back of each node's out folder into runs/RUN/out/HOST (torchfleet.outputs.record),
+    # by host; its message says what launch_collect_out_max_mb left on the node.
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The nodes the controller could not reach at the end: the run's verdict is the cluster's
+    # (its guards' records), and their logs are still on them; ``note`` says so, or is None.
+    unreachable: list[str] = field(default_factory=list)
+    note: str | None = None
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunResult":
         run_dir = Path(run_dir)
-        path = run_dir / "summary.json"
+        path = run_dir / vocab.SUMMARY
         if not path.is_file():
-            raise TorchfleetError(f"{run_dir} has no summary.json: the run did not get as far as a report")
+            raise TorchfleetError(f"{run_dir} has no {vocab.SUMMARY}: the run did not get as far as a report")
         data = json.loads(path.read_text())
         plot = run_dir / "loss.png"
         return cls(
@@ -216,6 +228,9 @@ class RunResult:
             summary_path=str(path),
             failed_rank=(data.get("failed_rank") or {}).get("rank"),
             abort=data.get("abort"),
+            outputs=data.get("outputs") or {},
+            unreachable=data.get("unreachable") or [],
+            note=data.get("note"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,7 +275,7 @@ class Job:
         if self.timeout is not None:
             out["launch_timeout"] = int(self.timeout)
         if self.run_id is not None:
-            out["launch_run_id"] = self.run_id
+            out["launch_run_id"] = check_run_id(self.run_id)
         if self.replace:
             out["launch_replace"] = True
         out.update(self.extra_vars)
@@ -287,7 +302,7 @@ class Run:
     """A run on the cluster, whichever controller started it."""
 
     def __init__(self, cluster: "Cluster", run_id: str):
-        self.cluster, self.run_id = cluster, run_id
+        self.cluster, self.run_id = cluster, check_run_id(run_id)
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r})"
@@ -300,7 +315,8 @@ class Run:
         if master:
             state, abort = master["job_state"]["state"], master["job_state"].get("abort")
         else:
-            state = "running" if "running" in states else (states[0] if states else "unknown")
+            state = vocab.RunState.RUNNING.value if vocab.RunState.RUNNING in states else (
+                states[0] if states else vocab.RunState.UNKNOWN.value)
             abort = next((u.get("abort") for r in nodes.values() for u in r.get("units", []) if u.get("abort")), None)
         return RunStatus(run_id=self.run_id, state=state, job=next((r.get("job") for r in nodes.values()), None),
                          abort=abort, nodes=nodes, unreachable=view.get("unreachable") or [])
@@ -326,13 +342,14 @@ class Run:
             return self.cluster._finish(out["result"], self.run_id)
         except JobFailed as exc:
             # Stopped as asked: the report, not an error.
-            if exc.run is not None and (exc.run.abort or {}).get("kind") == "stopped":
+            if exc.run is not None and (exc.run.abort or {}).get("kind") == vocab.AbortKind.STOPPED:
                 return exc.run
             raise
 
     def collect(self) -> RunResult:
-        """Bring the run's logs, checksums and model into runs/<run_id>/ (a finished run's
-        units are removed first; a running one is left running)."""
+        """Bring the run's logs, checksums and model into runs/<run_id>/, and each node's out
+        folder into runs/<run_id>/out/<host>/ (a finished run's units are removed first; a
+        running one is left running)."""
         out = self.cluster._control("collect", self.run_id)
         return self.cluster._finish(out["result"], self.run_id)
 
@@ -346,21 +363,36 @@ EventHook = Callable[[Mapping[str, Any]], None]
 class _Collector:
     """Keeps what the results need from ansible-runner's event stream."""
 
-    def __init__(self, hook: EventHook | None):
+    def __init__(self, hook: EventHook | None, on_warning: Callable[[dict[str, Any]], None] | None = None):
         self.hook = hook
+        self.on_warning = on_warning
         self.failures: list[Failure] = []
         self.stats: dict[str, dict[str, int]] = {}
         self.debug_vars: dict[str, Any] = {}
+        # The inventory check's lookalike warnings (torchfleet.lookalike), failed or not, and
+        # the nodes it found: the play on localhost that ran it is none of them.
+        self.warnings: list[dict[str, Any]] = []
+        self.nodes: list[str] | None = None
 
     def __call__(self, event: Mapping[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if kind in ("runner_on_ok", "runner_on_failed") and isinstance(data.get("res"), dict):
+            for warning in data["res"].get("torchfleet_warnings") or []:
+                self.warnings.append(warning)
+                if self.on_warning:
+                    self.on_warning(warning)
+            if "torchfleet_hosts" in data["res"]:
+                self.nodes = list(data["res"]["torchfleet_hosts"])
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             res = data.get("res") or {}
             # A loop fails as "One or more items failed": the failed item says what and why.
             item = next((r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")), None)
             res = item if item is not None else res
             message = str(res.get("msg") or res.get("stderr") or res.get("reason") or "failed").strip()
+            if data.get("task_action") in _ARGUMENT_SPEC_ACTIONS and res.get("argument_errors"):
+                # Ansible's "Validation of arguments failed:" heading, without the heading.
+                message = "; ".join(str(e) for e in res["argument_errors"])
             host = res.get("host") if isinstance(res.get("host"), str) else None
             match = _HOST_PREFIX.match(message)
             typed = res.get("torchfleet_error") if isinstance(res.get("torchfleet_error"), dict) else {}
@@ -370,8 +402,13 @@ class _Collector:
             if not variable and is_input:
                 found = _VARIABLE.search(message)
                 variable = found.group(1) if found else None
+            # The inventory check runs on the controller's localhost, which is no node: an error of
+            # its about no one host (the group, the run id) names none.
+            about_none = typed.get("kind") == "input" and not typed.get("host") and not match \
+                and data.get("host") == "localhost"
             self.failures.append(Failure(
-                host=typed.get("host") or host or (match.group(1) if match else data.get("host", "?")),
+                host=None if about_none else typed.get("host") or host or (match.group(1) if match
+                                                                           else data.get("host", "?")),
                 task=data.get("task", ""),
                 message=message,
                 unreachable=kind == "runner_on_unreachable",
@@ -379,6 +416,8 @@ class _Collector:
                 variable=variable,
                 kind="input" if is_input else typed.get("kind") or "node",
             ))
+            # The display tells input (said once, by the error) from a node's failure.
+            event = dict(event, torchfleet_failure=asdict(self.failures[-1]))
         elif kind == "runner_on_ok":
             res = data.get("res") or {}
             if data.get("task_action") in ("debug", "ansible.builtin.debug"):
@@ -404,7 +443,12 @@ class Cluster:
         runs_dir: str | Path | None = None,
         progress: bool | EventHook = True,
         env: Mapping[str, str] | None = None,
+        on_warning: Callable[[dict[str, Any]], None] | None = None,
+        verbose: bool = False,
     ):
+        """``on_warning`` gets each lookalike warning (torchfleet.lookalike) as soon as the
+        inventory check makes it, before any check that can fail; ``warnings`` keeps them.
+        ``verbose`` shows every failed task as Ansible names it, input errors included."""
         self.project_dir = Path(project_dir).resolve() if project_dir else find_project()
         if inventory is None:
             inventory = self.project_dir / "inventory" / "local"
@@ -417,10 +461,12 @@ class Cluster:
         runs_dir = runs_dir or os.environ.get("TORCHFLEET_RUNS_DIR") or self.project_dir / "runs"
         self.runs_dir = Path(runs_dir).resolve()
         self.env = dict(env or {})
+        self.on_warning = on_warning
+        self.warnings: list[dict[str, Any]] = []
         if progress is True:
             from torchfleet.progress import RichProgress
 
-            self._hook_factory: Callable[[str], EventHook | None] = lambda title: RichProgress(title)
+            self._hook_factory: Callable[[str], EventHook | None] = lambda title: RichProgress(title, verbose)
         elif callable(progress):
             self._hook_factory = lambda title: progress
         else:
@@ -435,7 +481,7 @@ class Cluster:
         view = collected.debug_vars.get("launch_plan_view")
         if not view:
             raise TorchfleetError("the plan playbook returned no plan")
-        return Plan.from_view(view)
+        return Plan.from_view(view, result.warnings)
 
     def provision(self, **extra_vars: Any) -> PlaybookResult:
         """Run site.yml: container runtime, image, dataset (and TLS when asked)."""
@@ -448,7 +494,7 @@ class Cluster:
         JobFailed carrying it. SIGTERM or Ctrl-C stops every rank on every node, collects
         the logs and raises Interrupted."""
         job = job or Job()
-        run_id = job.run_id or new_run_id()
+        run_id = check_run_id(job.run_id or self.extra_vars.get("launch_run_id") or new_run_id())
         variables = dict(job.to_vars(), launch_run_id=run_id)
         result, _ = self._run("playbooks/launch.yml", f"launch {run_id}", variables, interruptible=True)
         if result.interrupted:
@@ -460,7 +506,7 @@ class Cluster:
         supervise it on the cluster; the returned handle (or ``Cluster.run(id)`` from any
         controller) looks at it, follows it, stops it and collects it."""
         job = job or Job()
-        run_id = job.run_id or new_run_id()
+        run_id = check_run_id(job.run_id or self.extra_vars.get("launch_run_id") or new_run_id())
         variables = dict(job.to_vars(), launch_run_id=run_id, launch_detach=True)
         result, _ = self._run("playbooks/launch.yml", f"submit {run_id}", variables, interruptible=True)
         if result.interrupted:
@@ -484,14 +530,14 @@ class Cluster:
                                                         "nodes": [], "local": False})
                 entry["nodes"].append(host)
                 # The master's job.json speaks for the run; other nodes only for their units.
-                if r.get("job_state") or entry["state"] in (None, "exited", "unknown"):
+                if r.get("job_state") or entry["state"] in (None, vocab.RunState.EXITED, vocab.RunState.UNKNOWN):
                     entry["state"] = r["state"]
         for run_id in self.runs():
             entry = found.setdefault(run_id, {"run_id": run_id, "job": None, "state": None, "nodes": [], "local": True})
             entry["local"] = True
             if entry["state"] is None:
-                summary = json.loads((self.runs_dir / run_id / "summary.json").read_text())
-                entry["state"] = "succeeded" if summary.get("ok") else "failed"
+                summary = json.loads((self.runs_dir / run_id / vocab.SUMMARY).read_text())
+                entry["state"] = (vocab.RunState.SUCCEEDED if summary.get("ok") else vocab.RunState.FAILED).value
         for entry in found.values():
             entry["unreachable"] = view.get("unreachable") or []
         return [found[k] for k in sorted(found)]
@@ -526,7 +572,7 @@ class Cluster:
     def _finish(self, result: PlaybookResult, run_id: str) -> RunResult:
         """The report of a run whose playbook ended, or the error that ended it."""
         run_dir = self.runs_dir / run_id
-        run = RunResult.load(run_dir) if (run_dir / "summary.json").is_file() else None
+        run = RunResult.load(run_dir) if (run_dir / vocab.SUMMARY).is_file() else None
         refused = next((f for f in result.failures if f.kind == "running"), None)
         if refused is not None:
             raise JobRunning(refused.message, refused.host, refused.task)
@@ -540,12 +586,15 @@ class Cluster:
             raise JobFailed(
                 failure.message if failure else f"run {run_id} failed",
                 run,
-                host=(run.abort or {}).get("host") if run.abort and run.abort.get("kind") != "rank_failed"
+                host=(run.abort or {}).get("host") if run.abort and run.abort.get("kind") != vocab.AbortKind.RANK_FAILED
                 else next((r.host for r in run.ranks if r.rank == run.failed_rank), failure and failure.host),
                 task=failure.task if failure else None,
                 playbook=result.playbook,
                 failures=result.failures,
             )
+        if run is not None and lost_only(result.failures, run.unreachable):
+            # The cluster's verdict stands; the report names the nodes the controller lost.
+            return run
         self._raise_for(result, "launch")
         if run is None:
             raise TorchfleetError(f"run {run_id} finished without a summary in {run_dir}")
@@ -567,7 +616,7 @@ class Cluster:
         """Run ids with a report, oldest first."""
         if not self.runs_dir.is_dir():
             return []
-        return sorted(p.name for p in self.runs_dir.iterdir() if (p / "summary.json").is_file())
+        return sorted(p.name for p in self.runs_dir.iterdir() if (p / vocab.SUMMARY).is_file())
 
     def down(self) -> PlaybookResult:
         """Stop and remove every rank torchfleet started on the nodes."""
@@ -579,11 +628,19 @@ class Cluster:
 
     def _run_dir(self, run_id: str | None) -> Path:
         if run_id:
-            return self.runs_dir / run_id
+            return self.runs_dir / check_run_id(run_id)
         runs = self.runs()
         if not runs:
             raise TorchfleetError(f"no runs in {self.runs_dir} yet")
         return self.runs_dir / runs[-1]
+
+    def _warn(self, warning: dict[str, Any]) -> None:
+        """Keep a lookalike warning and pass it on, once per command: each playbook it runs
+        (a launch, then its stop) checks the inventory again."""
+        if warning not in self.warnings:
+            self.warnings.append(warning)
+            if self.on_warning:
+                self.on_warning(warning)
 
     def _run(self, playbook: str, title: str, variables: Mapping[str, Any],
              interruptible: bool = False) -> tuple[PlaybookResult, _Collector]:
@@ -591,7 +648,7 @@ class Cluster:
         then the caller's to handle (``result.interrupted``), else it goes on at once."""
         import ansible_runner
 
-        collector = _Collector(self._hook_factory(title))
+        collector = _Collector(self._hook_factory(title), self._warn)
         env = {
             # The venv's ansible-playbook, whatever PATH the caller has.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -631,10 +688,12 @@ class Cluster:
         for key, attr in (("ok", "ok"), ("changed", "changed"), ("failures", "failed"),
                           ("dark", "unreachable"), ("skipped", "skipped")):
             for host, count in collector.stats.get(key, {}).items():
-                setattr(hosts.setdefault(host, HostResult(host)), attr, count)
+                if collector.nodes is None or host in collector.nodes:
+                    setattr(hosts.setdefault(host, HostResult(host)), attr, count)
         result = PlaybookResult(playbook=playbook, status=status, rc=rc, duration_s=round(time.monotonic() - started, 1),
                                 hosts=dict(sorted(hosts.items())), failures=collector.failures,
-                                interrupted=cancel.received[0] if cancel.received else None)
+                                interrupted=cancel.received[0] if cancel.received else None,
+                                warnings=collector.warnings)
         if collector.hook is not None and hasattr(collector.hook, "close"):
             collector.hook.close(result)
         return result, collector
@@ -650,8 +709,36 @@ class Cluster:
         if first.unreachable:
             raise HostUnreachable(first.message, first.host, first.task, result.playbook, result.failures)
         if first.kind == "input":
-            raise InventoryError(first.message, first.host, first.variable, first.task)
+            raise input_error([f for f in result.failures if f.kind == "input"])
         raise TaskFailed(first.message, first.host, first.task, result.playbook, result.failures)
+
+
+def input_error(failures: Sequence[Failure]) -> InventoryError:
+    """One error for the input failures of every node: each sentence once, after the hosts
+    it is about (a bad group variable fails on every node, each naming itself)."""
+    hosts_of: dict[str, list[str]] = {}
+    for f in failures:
+        named = _HOSTS_PREFIX.match(f.message)
+        hosts = named.group(2).split(", ") if named else [f.host] if f.host else []
+        sentence = f.message[named.end():] if named else f.message
+        hosts_of.setdefault(sentence, [])
+        hosts_of[sentence] += [h for h in hosts if h not in hosts_of[sentence]]
+    # In the nodes' order (node-2 before node-10), not the order their failures came in.
+    hosts_of = {s: sorted(h, key=lambda name: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+                for s, h in hosts_of.items()}
+    message = "; ".join(f"host{'s' if len(h) > 1 else ''} {', '.join(h)}: {s}" if h else s
+                        for s, h in hosts_of.items())
+    hosts = list(dict.fromkeys(h for named in hosts_of.values() for h in named))
+    first_named = next(iter(hosts_of.values()))
+    return InventoryError(message, first_named[0] if first_named else None, failures[0].variable, failures[0].task,
+                          hosts=hosts)
+
+
+def lost_only(failures: Iterable[Failure], lost: Iterable[str]) -> bool:
+    """Whether every failure of a run's playbook is a node the report already names as lost
+    (it stopped answering the controller), so that the run's own verdict stands."""
+    failures, lost = list(failures), set(lost)
+    return bool(failures) and all(f.unreachable and f.host in lost for f in failures)
 
 
 # --- the runner's private folder ----------------------------------------------------------

@@ -3,7 +3,7 @@ attach, logs, stop, collect), down, and the local docker-host cluster.
 
 Exit codes: 0 done; 1 the job ran and a rank failed (or it was stopped on request); 2 bad
 input (inventory, variables, usage); 3 a task failed on a node or a node was unreachable
-before the job ran; 4 anything else; 5 a node was lost while the job ran; 6 a rank stalled
+before the job ran, or the run's supervision never came up; 4 anything else; 5 a node was lost while the job ran; 6 a rank stalled
 (launch_stall_timeout) or the job ran past launch_timeout; 7 the launch was refused because
 its job still runs; 130 an attached launch was interrupted (Ctrl-C, SIGTERM): every rank was
 stopped and the logs collected. Ctrl-C on attach or logs -f only detaches (exit 0).
@@ -24,15 +24,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchfleet import api
+from torchfleet import api, progress
 from torchfleet.errors import Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed, TorchfleetError
+from torchfleet.vocab import run_vocab as vocab
 
 # Piped output (CI logs, files) gets wide tables rather than truncated cells.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_TASK_FAILED, EXIT_OTHER = 0, 1, 2, 3, 4
 EXIT_NODE_LOST, EXIT_STALLED, EXIT_RUNNING, EXIT_INTERRUPTED = 5, 6, 7, 130
 # How the guards' reason for stopping a run maps to an exit code.
-EXIT_BY_ABORT = {"node_lost": EXIT_NODE_LOST, "stalled": EXIT_STALLED, "timeout": EXIT_STALLED}
+# (torchfleet.vocab: the kinds of abort). A run whose store never came up never got going:
+# that is a failed start, as a task that failed before the job ran.
+EXIT_BY_ABORT = {vocab.AbortKind.NODE_LOST: EXIT_NODE_LOST, vocab.AbortKind.STALLED: EXIT_STALLED,
+                 vocab.AbortKind.TIMEOUT: EXIT_STALLED, vocab.AbortKind.NOT_STARTED: EXIT_TASK_FAILED}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,16 +59,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobRunning as exc:
         payload, code = _error(exc, variable="launch_job"), EXIT_RUNNING
     except InventoryError as exc:
-        payload, code = _error(exc, variable=exc.variable), EXIT_BAD_INPUT
+        payload, code = _error(exc, variable=exc.variable, hosts=exc.hosts), EXIT_BAD_INPUT
     except TaskFailed as exc:
         payload, code = _error(exc), EXIT_TASK_FAILED
     except TorchfleetError as exc:
         payload, code = _error(exc), EXIT_OTHER
+    if getattr(args, "cluster", None) is not None:
+        payload["warnings"] = args.cluster.warnings
     if args.json:
         print(json.dumps(payload, indent=2, default=str))
     elif code != EXIT_OK:
         err = payload["error"]
-        where = ", ".join(f"{k} {err[k]}" for k in ("host", "variable", "task") if err.get(k))
+        # Bad input is said once: the host or hosts in its sentence, the variable, and Ansible's
+        # task only with -v.
+        named = err["message"].startswith(("host ", "hosts "))
+        where = ", ".join(f"{k} {err[k]}" for k in ("host", "variable", "task") if err.get(k)
+                          and not (k == "host" and named) and (k != "task" or args.verbose or code != EXIT_BAD_INPUT))
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"[bold red]error[/] ({err['type']}{': ' + escape(where) if where else ''})\n{escape(err['message'])}")
     return code
@@ -80,16 +90,20 @@ def _error(exc: TorchfleetError, **more: Any) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
-    plan = _cluster(args).plan(_job(args))
+    cluster = _cluster(args)
+    plan = cluster.plan(_job(args))
+    if args.format:
+        return _plan_manifest(args, cluster, plan)
     if not args.json:
         out.print(f"[bold]MASTER_ADDR:MASTER_PORT[/] {plan.master}   world size {plan.world_size} on "
                   f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   transport {plan.transport}   "
                   f"image {escape(str(plan.image or '-'))}")
-        table = Table("rank", "host", "address", "interface", "local", "cpuset", "mems", "threads", "runs as",
-                      "runtime")
+        table = Table("rank", "host", "address", "interface", "local", "cpuset", "mems", "threads", "preload",
+                      "runs as", "runtime")
         for r in plan.ranks:
             table.add_row(str(r.rank), r.host, r.address, r.interface, f"{r.local_rank}/{r.local_world_size}",
-                          r.cpuset or "unpinned", r.cpuset_mems or "-", str(r.threads), r.runner,
+                          r.cpuset or "unpinned", r.cpuset_mems or "-", str(r.threads),
+                          escape(r.env.get("LD_PRELOAD") or "-"), r.runner,
                           "ready" if r.runtime_ready else "[yellow]missing (run up)[/]")
         out.print(table)
         if args.env:
@@ -98,9 +112,19 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
                 out.print("  " + " ".join(f"{k}={escape(v)}" for k, v in r.env.items()))
         else:
             out.print("Each rank's command and environment: torchfleet plan --env (or --json). Nothing was changed.")
-        for w in plan.warnings:
-            Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning[/] {escape(w['message'])}")
     return {"ok": True, "plan": plan.to_dict()}
+
+
+def _plan_manifest(args: argparse.Namespace, cluster: api.Cluster, plan: api.Plan) -> dict[str, Any]:
+    """plan --format: the plan as a manifest for another cluster, so its k8s_* settings come
+    from -e, not from this cluster's inventory. YAML alone on stdout, for kubectl apply -f -."""
+    # Imported here: jsonschema and the CRDs cost every other command nothing.
+    from torchfleet import k8s
+
+    manifest = k8s.render(args.format, plan.to_dict(), cluster.extra_vars)
+    if not args.json:
+        print(k8s.to_yaml(manifest), end="")
+    return {"ok": True, "format": args.format, "manifest": manifest}
 
 
 def cmd_up(args: argparse.Namespace) -> dict[str, Any]:
@@ -232,15 +256,31 @@ def cmd_local_down(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cluster(args: argparse.Namespace) -> api.Cluster:
     extra: dict[str, Any] = {}
-    for item in args.extra_vars or []:
+    for n, item in enumerate(args.extra_vars or [], 1):
+        # A mapping, as ansible-playbook takes it (-e '{"launch_secret_env": {...}}').
+        try:
+            inline = yaml.safe_load(item) if item.lstrip().startswith("{") else None
+        except yaml.YAMLError:
+            inline = None
         if item.startswith("@"):
             extra.update(yaml.safe_load(Path(item[1:]).read_text()) or {})
-        elif "=" in item:
+        elif isinstance(inline, dict):
+            extra.update(inline)
+        elif "=" in item and not item.lstrip().startswith("{"):
             key, _, value = item.partition("=")
             extra[key] = yaml.safe_load(value)
         else:
-            raise InventoryError(f"-e {item!r}: expected KEY=VALUE or @FILE", variable=item)
-    return api.Cluster(args.inventory or None, extra_vars=extra, progress=not args.quiet)
+            # Never echoed: it may hold a secret.
+            raise InventoryError(f"-e number {n} is not KEY=VALUE, @FILE or a {{...}} mapping", variable="extra_vars")
+    # Kept on args: main() reports its warnings whatever the command raised.
+    args.cluster = api.Cluster(args.inventory or None, extra_vars=extra, progress=not args.quiet,
+                               on_warning=_print_warning, verbose=args.verbose)
+    return args.cluster
+
+
+def _print_warning(warning: dict[str, Any]) -> None:
+    """A lookalike warning, as soon as the inventory check makes it: before any check that can fail."""
+    progress.console.print(f"[yellow]warning[/] {escape(warning['message'])}")
 
 
 def _job(args: argparse.Namespace) -> api.Job:
@@ -298,6 +338,14 @@ def _print_run(run: api.RunResult) -> None:
     for label, path in (("logs, summary", run.run_dir), ("loss plot", run.loss_plot), ("model", run.model)):
         if path:
             out.print(f"{label}: {escape(path)}")
+    brought = sorted(h for h, o in run.outputs.items() if o.get("dir"))
+    if brought:
+        out.print(f"out folders: {escape(str(Path(run.run_dir) / 'out'))} ({', '.join(brought)})")
+    for host in sorted(run.outputs):
+        if run.outputs[host].get("message"):
+            out.print(f"[yellow]left on the node:[/] {escape(run.outputs[host]['message'])}")
+    if run.note:
+        out.print(f"[yellow]{escape(run.note)}[/]")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -308,6 +356,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="a variable for every node, as in ansible-playbook (repeatable)")
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="show every failed task as Ansible names it, on each node, bad input included")
 
     parser = argparse.ArgumentParser(prog="torchfleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,6 +374,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", parents=[common, job],
                        help="show the launch spec: each rank's command, environment and pinning; changes nothing")
     p.add_argument("--env", action="store_true", help="print every rank's command and environment")
+    p.add_argument("--format", choices=("trainjob", "pytorchjob"),
+                   help="print the plan as a Kubernetes manifest, a Kubeflow TrainJob or PyTorchJob, checked against "
+                        "its CRD; the k8s_* variables come from -e (docs/kubernetes.md)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.set_defaults(func=cmd_plan)
 

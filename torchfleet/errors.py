@@ -19,8 +19,10 @@ class InventoryError(TorchfleetError, ValueError):
     """Bad inventory input, found before any node is touched."""
 
     def __init__(self, message: str, host: str | None = None, variable: str | None = None,
-                 task: str | None = None):
+                 task: str | None = None, hosts: list[str] | None = None):
         self.variable = variable
+        # Every host the message is about (a check every node failed names them all).
+        self.hosts = list(hosts) if hosts else [host] if host else []
         # A message may name its hosts already: "host h: ..." or, shared by several, "hosts h, g: ...".
         named = host and (message.startswith(f"host {host}:") or message.startswith(f"hosts {host}, "))
         prefix = f"host {host}: " if host and not named else ""

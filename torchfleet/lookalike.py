@@ -108,27 +108,56 @@ def _internal(name: str) -> bool:
     return name.startswith("_") or any(name.startswith(prefix + "_") for prefix in PREFIXES)
 
 
-def _warning(host: str, name: str, meant: str | None) -> dict[str, Any]:
+def _warning(hosts: list[str], name: str, meant: str | None) -> dict[str, Any]:
     hint = f"did you mean {meant}?" if meant else "no torchfleet variable has a name like it"
     return {
-        "host": host,
+        "host": hosts[0],
+        "hosts": hosts,
         "variable": name,
         "meant": meant,
-        "message": f"host {host}: {name} is not a torchfleet variable and is ignored; {hint}",
+        "message": f"host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}: {name} is not a torchfleet variable "
+                   f"and is ignored; {hint}",
     }
+
+
+def unprefixed(known: Iterable[str]) -> dict[str, str]:
+    """Each known variable by its name without its role's prefix (``command`` for
+    launch_command), the launch role's first. Only names with an underscore or of 6 letters
+    or more: short words (name, port, state) are too often a user's own variables."""
+    found: dict[str, str] = {}
+    names = sorted(known)
+    for prefix in PREFIXES:
+        for name in names:
+            bare = name[len(prefix):]
+            if name.startswith(prefix) and ("_" in bare or len(bare) >= 6):
+                found.setdefault(bare, name)
+    return found
 
 
 def lookalikes(host: str, names: Iterable[str], known: set[str]) -> list[dict[str, Any]]:
     """Warnings for the host's variables that torchfleet would silently ignore: names from
-    guides (``rank``) and misspelt torchfleet names (``launch_master_prot``)."""
+    guides (``rank``), a variable without its role's prefix (``command``) and misspelt
+    torchfleet names (``launch_master_prot``)."""
     candidates = sorted(known)
+    bare = unprefixed(known)
     warnings = []
     for name in sorted(set(names)):
         if name in known or _internal(name):
             continue
         if name in ALIASES:
-            warnings.append(_warning(host, name, ALIASES[name]))
+            warnings.append(_warning([host], name, ALIASES[name]))
+        elif name in bare:
+            warnings.append(_warning([host], name, bare[name]))
         elif name.startswith(PREFIXES):
             close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
-            warnings.append(_warning(host, name, close[0] if close else None))
+            warnings.append(_warning([host], name, close[0] if close else None))
     return warnings
+
+
+def merged(warnings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One warning per variable and meaning, naming every host it is about (a group's
+    variable is every node's)."""
+    hosts: dict[tuple[str, str | None], list[str]] = {}
+    for w in warnings:
+        hosts.setdefault((w["variable"], w["meant"]), []).extend(w.get("hosts") or [w["host"]])
+    return [_warning(h, name, meant) for (name, meant), h in hosts.items()]

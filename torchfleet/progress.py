@@ -17,11 +17,13 @@ class RichProgress:
     """One bar per playbook run: its current task and how many hosts have finished it.
 
     In a terminal the bar redraws in place; elsewhere (CI logs) each play and each
-    failure is one line.
+    failure is one line. Bad input is left to the error, which says it once for every
+    node; ``verbose`` shows it here too, each node's failed task as Ansible names it.
     """
 
-    def __init__(self, title: str):
+    def __init__(self, title: str, verbose: bool = False):
         self.title = title
+        self.verbose = verbose
         self.live = console.is_terminal
         self.hosts: set[str] = set()
         self.done: set[str] = set()
@@ -54,8 +56,10 @@ class RichProgress:
             self.hosts.add(data.get("host", ""))
         elif kind in ("runner_on_ok", "runner_on_skipped", "runner_on_failed", "runner_on_unreachable"):
             self.done.add(data.get("host", ""))
-            if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            failed = kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors")
+            if failed:
                 self.failed += 1
+            if failed and (self.verbose or (event.get("torchfleet_failure") or {}).get("kind") != "input"):
                 res = data.get("res") or {}
                 message = str(res.get("msg") or res.get("stderr") or "failed").strip().splitlines()
                 console.print(f"[red]✗ {escape(str(data.get('host')))}[/]: "
@@ -72,9 +76,21 @@ class RichProgress:
     def close(self, result: Any) -> None:
         if self.live:
             self.progress.stop()
-        mark = "[green]✓[/]" if result.ok else "[red]✗[/]"
-        hosts = result.hosts.values()
-        failed = sum(h.failed + h.unreachable for h in hosts)
-        changed = sum(h.changed for h in hosts)
-        line = f"{self.title}: {len(hosts)} host(s), {changed} changed, {failed} failed ({result.duration_s:.0f}s)"
-        console.print(f"{mark} {escape(line)}")
+        console.print(summary_line(self.title, result))
+
+
+def summary_line(title: str, result: Any) -> str:
+    """A playbook run's closing line: green for done, yellow for interrupted (Ctrl-C
+    detaches an attach, and stops an attached launch), red and the failures only for failed."""
+    hosts = result.hosts.values()
+    changed = sum(h.changed for h in hosts)
+    took = f"({result.duration_s:.0f}s)"
+    if result.interrupted:
+        return f"[yellow]■[/] {escape(f'{title}: interrupted {took}')}"
+    if result.ok:
+        return f"[green]✓[/] {escape(f'{title}: {len(hosts)} host(s), {changed} changed {took}')}"
+    failed = sum(h.failed for h in hosts)
+    unreachable = sum(h.unreachable for h in hosts)
+    line = f"{title}: {len(hosts)} host(s), {changed} changed, {failed} failed" \
+        + (f", {unreachable} unreachable" if unreachable else "")
+    return f"[red]✗[/] {escape(line)} {took}"

@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from torchfleet.vocab import run_vocab as vocab
+
 STEP_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)?.*?Train Epoch: (?P<epoch>\d+) "
     r"\[(?P<batch>\d+)/(?P<batches>\d+) \(\d+%\)\]\s+loss=(?P<loss>[-+0-9.eE]+|nan|inf)"
@@ -146,11 +148,11 @@ def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
     files = []
     for rank in sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host):
         files += [(f"rank-{rank}.log",) * 2, (f"checksum-rank-{rank}.txt",) * 2]
-    files += [(f"guard-{i}.json",) * 2 for i, unit in enumerate(spec["guard"]["units"]) if unit["host"] == host]
+    files += [(vocab.guard_record(i),) * 2 for i, unit in enumerate(spec["guard"]["units"]) if unit["host"] == host]
     if spec["mode"] == "torchrun":
         files.append(("torchrun.log", f"torchrun-{host}.log"))
     if host == spec["master_host"]:
-        files += [("job.json",) * 2, ("model.pt",) * 2]
+        files += [(vocab.JOB,) * 2, ("model.pt",) * 2]
         if spec["mode"] == "mpirun":
             files.append(("mpirun.log",) * 2)
     return files
@@ -169,21 +171,52 @@ def guard_records(run_dir: str | Path) -> tuple[dict[tuple, dict[str, Any]], dic
     aborted: the master's job.json, else the first guard that says."""
     run_dir = Path(run_dir)
     guards = {}
-    for path in sorted(run_dir.glob("guard-*.json")):
+    for path in sorted(run_dir.glob(vocab.GUARD_RECORDS)):
         try:
             state = json.loads(path.read_text())
         except ValueError:
             continue
         guards[guard_key(state.get("role"), state["name"], state.get("ranks"))] = state
-    abort = None
-    job = run_dir / "job.json"
-    if job.is_file():
-        try:
-            abort = json.loads(job.read_text()).get("abort")
-        except ValueError:
-            pass
+    abort = (job_record(run_dir) or {}).get("abort")
     abort = abort or next((g["abort"] for g in guards.values() if g.get("abort")), None)
     return guards, abort
+
+
+def job_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's state as the guard hosting the store last wrote it (job.json, fetched from
+    the master), or None."""
+    try:
+        return json.loads((Path(run_dir) / vocab.JOB).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cluster_finals(spec: Mapping[str, Any], finals: Iterable[Mapping[str, Any]], job: Mapping[str, Any] | None,
+                   lost: Iterable[str]) -> list[dict[str, Any]]:
+    """``finals`` completed by the cluster's own record where the controller lost a node
+    (``lost``: it stopped answering the controller): a rank on such a node, of which the
+    controller has no end, ends as the guards recorded it in ``job`` (the master's job.json:
+    each unit's exit code, by the spec's unit index). A rank the guards stopped because of
+    another unit counts as stopped. Where the cluster has no exit either, the rank stays
+    without one."""
+    out = [dict(f) for f in finals]
+    lost = set(lost)
+    if not job or not lost:
+        return out
+    known = {int(f["rank"]) for f in out if f.get("exit_code") is not None or f.get("stopped_by_torchfleet")}
+    out = [f for f in out if int(f["rank"]) in known]
+    abort = job.get("abort") or {}
+    for unit, recorded in zip(spec["guard"]["units"], job.get("units") or []):
+        if unit["role"] != "rank" or unit["host"] not in lost or not unit.get("ranks") or unit["ranks"][0] in known:
+            continue
+        code = recorded.get("exit_code")
+        if code is None:
+            continue
+        stopped = bool(abort) and code != 0 and abort.get("unit") != unit["name"]
+        out.append({"rank": unit["ranks"][0], "name": unit["name"], "role": "rank", "host": unit["host"],
+                    "exit_code": code, "stopped_by_torchfleet": stopped,
+                    "stopped_because": abort.get("reason") if stopped else None, "recorded_by": "cluster"})
+    return sorted(out, key=lambda f: int(f["rank"]))
 
 
 def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -196,19 +229,20 @@ def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Map
         key = guard_key(None, final.get("name"), int(final.get("rank", -1)))
         named.add(key)
         guard = guards.get(key)
-        if guard and guard.get("state") in ("stopped", "exited"):
-            final["stopped_by_torchfleet"] = guard["state"] == "stopped"
+        if guard and guard.get("state") in vocab.UNIT_FINAL:
+            final["stopped_by_torchfleet"] = guard["state"] == vocab.UnitState.STOPPED
             final["stopped_because"] = guard.get("stopped_because")
             if guard.get("exit_code") is not None:
                 final["exit_code"] = guard["exit_code"]
         out.append(final)
     # A unit whose container was already removed (a replaced run's, say) is known by its guard.
     for (name, first), guard in guards.items():
-        if (name, first) in named or guard.get("state") not in ("stopped", "exited"):
+        if (name, first) in named or guard.get("state") not in vocab.UNIT_FINAL:
             continue
         out.append({"name": name, "rank": first, "role": guard.get("role", "rank"), "exit_code": guard.get("exit_code"),
                     "started_at": guard.get("started_at"), "finished_at": guard.get("ended_at"),
-                    "stopped_by_torchfleet": guard["state"] == "stopped", "stopped_because": guard.get("stopped_because")})
+                    "stopped_by_torchfleet": guard["state"] == vocab.UnitState.STOPPED,
+                    "stopped_because": guard.get("stopped_because")})
     return out
 
 
@@ -217,8 +251,12 @@ def tail(log: str, lines: int = 15) -> str:
 
 
 def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],
-              run_dir: str | Path, master_listened: bool = True, abort: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              run_dir: str | Path, master_listened: bool = True, abort: Mapping[str, Any] | None = None,
+              lost: Iterable[str] = ()) -> dict[str, Any]:
     """Combine the launch spec, each rank's final state and the fetched logs.
+
+    ``lost`` are the nodes the controller could not reach at the end: their ranks' logs
+    did not arrive (``logs_missing``) and are still on them.
 
     ``finals`` holds one mapping per rank as the node-side module reported it before
     removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet. When the
@@ -277,6 +315,7 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         path = run_dir / f"checksum-rank-{row['rank']}.txt"
         if path.exists():
             checksums[row["rank"]] = path.read_text().strip()
+    lost = sorted(set(lost))
     return {
         "run_id": run_id,
         "master": f"{spec['master_addr']}:{spec['master_port']}",
@@ -290,7 +329,23 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         "checksums_equal": (len(checksums) == len(rows) and len(set(checksums.values())) == 1) if checksums else None,
         "model": str(run_dir / "model.pt") if (run_dir / "model.pt").exists() else None,
         "ranks": rows,
+        "unreachable": lost,
+        # The nodes some of whose ranks' logs did not arrive (they are still on the node): a
+        # lost node's, even where a file of it came (a frozen node's can be empty).
+        "logs_missing": sorted({r["host"] for r in rows
+                                if r["host"] in lost or (r["outcome"] != "not started" and not r["log"])}),
+        "note": unreachable_note(run_id, lost),
     }
+
+
+def unreachable_note(run_id: str, lost: Iterable[str]) -> str | None:
+    """What a report says of the nodes the controller could not reach at the end."""
+    lost = sorted(set(lost))
+    if not lost:
+        return None
+    return (f"the controller could not reach {', '.join(lost)}; the run's logs there are still on "
+            f"{'that node' if len(lost) == 1 else 'those nodes'}: `torchfleet collect {run_id}` fetches them "
+            "once it answers")
 
 
 def choose_culprit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -330,30 +385,39 @@ def _how_it_ended(code: Any) -> str:
 def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> str:
     c = summary["failed_rank"]
     abort = summary.get("abort") or {}
-    if abort and abort.get("kind") != "rank_failed":
+    note = f"\n{summary['note']}" if summary.get("note") else ""
+    if abort and abort.get("kind") == vocab.AbortKind.NOT_STARTED:
+        return f"run {summary['run_id']} never got going: {abort['reason']}{note}"
+    if abort and abort.get("kind") != vocab.AbortKind.RANK_FAILED:
         message = f"run {summary['run_id']} was stopped by its guards: {abort['reason']}"
         # A unit killed with its guard (docker kill of its container) shows only as silence.
         if c is not None and c["exit_code"] is not None:
             message += f"; rank {c['rank']} on {c['host']} {_how_it_ended(c['exit_code'])}"
         stopped = [r for r in summary["ranks"] if r["outcome"] == "stopped"]
-        kept = [r["host"] for r in summary["ranks"] if r.get("log")]
-        message += f"; {len(stopped)} rank(s) stopped, logs kept from {', '.join(sorted(set(kept))) or 'no node'}"
-        return message
+        missing = set(summary.get("logs_missing") or ())
+        kept = sorted({r["host"] for r in summary["ranks"] if r.get("log")} - missing)
+        message += f"; {len(stopped)} rank(s) stopped, logs kept from {', '.join(kept) or 'no node'}"
+        # The nodes the controller could not reach are the note's.
+        missing -= set(summary.get("unreachable") or ())
+        if missing:
+            message += (f"; the logs of {', '.join(sorted(missing))} did not arrive: `torchfleet collect "
+                        f"{summary['run_id']}` fetches them")
+        return message + note
     if c is None:
         message = f"run {summary['run_id']} was stopped: {reason or 'not every rank finished'}"
         master = summary["ranks"][0] if summary["ranks"] else None
         if master and master.get("log_tail"):
             message += f"\n--- last lines of rank 0 on {master['host']} ---\n{master['log_tail']}"
-        return message
+        return message + note
     how = _how_it_ended(c["exit_code"])
     return (
         f"rank {c['rank']} on {c['host']} {how}; the other ranks were stopped and no rank "
-        f"container is left. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}"
+        f"container is left. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}{note}"
     )
 
 
 def write_summary(summary: Mapping[str, Any], run_dir: str | Path) -> Path:
-    path = Path(run_dir) / "summary.json"
+    path = Path(run_dir) / vocab.SUMMARY
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return path
 

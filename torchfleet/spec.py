@@ -21,6 +21,7 @@ from torchfleet import netif, redact
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import RANK_ENV_NAMES
 from torchfleet.report import PEER_ERROR_RE
+from torchfleet.vocab import run_vocab
 
 MODES = ("container", "process", "torchrun", "mpirun")
 # Inside a container the run's folders sit at fixed paths.
@@ -28,13 +29,27 @@ CONTAINER_DATA, CONTAINER_WORKLOAD, CONTAINER_OUT = "/data", "/workload", "/out"
 # What the launch sets for every rank besides the rank variables; the user may not set them.
 RESERVED_ENV = RANK_ENV_NAMES + ("TORCHFLEET_DATA_DIR", "TORCHFLEET_OUT_DIR", "TORCHFLEET_RUN_ID",
                                  "TORCHFLEET_CPUSETS", "TORCHFLEET_THREADS", "TORCHFLEET_HEARTBEAT")
-# The guard's defaults (roles/launch/defaults/main.yml says what each means).
-GUARD_DEFAULTS = {"port": 29510, "node_timeout": 10.0, "stall_timeout": 0.0, "timeout": 0.0, "poll_interval": 0.5,
-                  "stop_grace": 5.0, "start_timeout": 120.0}
+# The run's settings for its guards (job["guard"]), each from its variable: their defaults
+# live in roles/launch/defaults/main.yml only, which also says what each means.
+GUARD_VARIABLES = {"port": "launch_guard_port", "node_timeout": "launch_node_timeout",
+                   "stall_timeout": "launch_stall_timeout", "timeout": "launch_timeout",
+                   "poll_interval": "launch_guard_poll_interval", "stop_grace": "launch_stop_grace",
+                   "master_wait_timeout": "launch_master_wait_timeout"}
+# What a stop allows the guards beyond a node timeout and a grace before it kills what is left.
+STOP_MARGIN_S = 5.0
 # Placeholders launch_args may hold; Ansible's templating leaves single braces alone.
 PLACEHOLDER = re.compile(r"\{(data_dir|out_dir|workload_dir)\}")
 # torchrun picks MASTER_PORT for its ranks itself (its store's port), so a plan cannot know it.
 TORCHRUN_DECIDES = ("MASTER_PORT",)
+# The allocators launch_malloc preloads: the library's soname, which the dynamic loader
+# finds in the image or on the node (preflight asks it: ldconfig -p), and the settings it
+# gets. jemalloc's are torch.backends.xeon.run_cpu's own.
+ALLOCATORS: dict[str, dict[str, Any]] = {
+    "tcmalloc": {"library": "libtcmalloc.so.4", "package": "libgoogle-perftools4", "env": {}},
+    "jemalloc": {"library": "libjemalloc.so.2", "package": "libjemalloc2",
+                 "env": {"MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+                                        "dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"}},
+}
 
 
 @dataclass
@@ -119,7 +134,6 @@ class LaunchSpec:
     guard: dict[str, Any]
     # Per node: files the start writes into the run's folder before any unit starts.
     files: dict[str, dict[str, str]]
-    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def phases(self) -> list[int]:
@@ -146,6 +160,38 @@ def site_env(settings: Mapping[str, Any]) -> dict[str, str]:
                    GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_FILE=f"{tls}/ca.crt")
     env.update(settings.get("extra_env") or {})
     return {str(k): str(v) for k, v in env.items()}
+
+
+def malloc_library(malloc: Any) -> str | None:
+    """The library launch_malloc preloads, or None for glibc's own allocator."""
+    allocator = ALLOCATORS.get(str(malloc or "default"))
+    return allocator["library"] if allocator else None
+
+
+def malloc_env(malloc: Any, env: Mapping[str, str]) -> dict[str, str]:
+    """What a rank's environment gains for launch_malloc: LD_PRELOAD with the allocator first
+    (a preload the site already sets stays after it) and the allocator's settings, unless the
+    site sets them itself."""
+    library = malloc_library(malloc)
+    if not library:
+        return {}
+    preload = [p for p in str(env.get("LD_PRELOAD") or "").replace(" ", ":").split(":") if p and p != library]
+    extra = {k: v for k, v in ALLOCATORS[str(malloc)]["env"].items() if k not in env}
+    return {"LD_PRELOAD": ":".join([library, *preload]), **extra}
+
+
+def malloc_check(malloc: Any, found: Mapping[str, Any] | None, where: str) -> list[dict[str, Any]]:
+    """check_input's entry for launch_malloc's library (``found``: soname to its path, None
+    where the dynamic loader has none; ``where``: the image or the python_env it was asked
+    in). None for ``found`` means the runtime itself is missing, which its own check reports."""
+    library = malloc_library(malloc)
+    if not library or found is None:
+        return []
+    error = found.get("error") if isinstance(found, Mapping) else None
+    package = ALLOCATORS[str(malloc)]["package"]
+    return [{"that": bool(found.get(library)), "kind": "node", "variable": "launch_malloc",
+             "msg": f"launch_malloc={malloc} but {where} has no {library} (ldconfig -p"
+                    f"{': ' + str(error) if error else ''}); install {package} there, or set launch_malloc: default"}]
 
 
 def check_env(host: str, env: Mapping[str, Any], secret_names: list[str]) -> None:
@@ -205,7 +251,7 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
     """The spec of one launch.
 
     ``job``: run_id, job, mode, transport, image, torchrun_runtime, container_prefix, command
-    (an explicit command, else ``workload_argv``: the entry point), args, and ``warnings``.
+    (an explicit command, else ``workload_argv``: the entry point) and args.
     ``table``: ranks.rank_table's result. ``nodes``: per host, its facts (address,
     interface, nproc, pinning, mpi_network) and ``settings`` (that host's launch_* values,
     the open env ``env_public`` and what may be shown of every variable ``env_shown``).
@@ -240,34 +286,41 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
             files[host] = ctx.files
     guard = _guard(job, table, units, nodes)
     for node_files in (files.setdefault(h, {}) for h in by_host):
-        node_files["guard.json"] = _json(guard)
+        node_files[run_vocab.GUARD_CONFIG] = _json(guard)
     return LaunchSpec(
         run_id=job["run_id"], job=job["job"], mode=mode, transport=job.get("transport", "tcp"),
         image=None if runtime == "process" else job.get("image"),
         master_host=table["master_host"], master_addr=table["master_addr"], master_port=int(table["master_port"]),
         world_size=int(table["world_size"]), num_nodes=int(table["num_nodes"]),
         ranks=sorted(ranks, key=lambda r: r.rank), units=units, guard=guard, files=files,
-        warnings=list(job.get("warnings") or []),
     )
 
 
 def guard_settings(job: Mapping[str, Any], master_port: int) -> dict[str, float]:
-    """The guard's settings, checked: a port of its own, positive intervals."""
+    """The guard's settings, checked: a port of its own, positive intervals. Every one is
+    the run's (GUARD_VARIABLES); what follows from them is computed here, once:
+    ``start_timeout``, the allowance of a unit still starting, and ``stop_wait``, how long a
+    stop waits for the guards to end every unit before it kills what is left (a guard cut
+    off from the store gives up after the node timeout, then its unit gets the grace)."""
     given = {k: v for k, v in (job.get("guard") or {}).items() if v not in (None, "")}
-    settings = {k: float(given.get(k, d)) for k, d in GUARD_DEFAULTS.items()}
+    unset = [variable for k, variable in GUARD_VARIABLES.items() if k not in given]
+    if unset:
+        raise InventoryError(f"{', '.join(unset)} not set for the run's guards", None, unset[0])
+    settings = {k: float(given[k]) for k in GUARD_VARIABLES}
     settings["port"] = int(settings["port"])
+    settings["start_timeout"] = settings["master_wait_timeout"] + settings["node_timeout"]
     if not 1 <= settings["port"] <= 65535 or settings["port"] == int(master_port):
         raise InventoryError(f"launch_guard_port={settings['port']} must be a port from 1 to 65535 other than "
                              f"MASTER_PORT ({master_port})", None, "launch_guard_port")
-    for name, low in (("node_timeout", 1.0), ("poll_interval", 0.05), ("stop_grace", 0.0), ("start_timeout", 1.0),
-                      ("stall_timeout", 0.0), ("timeout", 0.0)):
-        variable = {"timeout": "launch_timeout", "poll_interval": "launch_guard_poll_interval"}.get(
-            name, f"launch_{name}")
+    for name, low in (("node_timeout", 1.0), ("poll_interval", 0.05), ("stop_grace", 0.0),
+                      ("master_wait_timeout", 1.0), ("stall_timeout", 0.0), ("timeout", 0.0)):
+        variable = GUARD_VARIABLES[name]
         if settings[name] < low:
             raise InventoryError(f"{variable}={settings[name]:g} must be at least {low:g}", None, variable)
     if settings["node_timeout"] < 2 * settings["poll_interval"]:
         raise InventoryError(f"launch_node_timeout={settings['node_timeout']:g} must be at least twice "
                              f"launch_guard_poll_interval ({settings['poll_interval']:g})", None, "launch_node_timeout")
+    settings["stop_wait"] = settings["node_timeout"] + settings["stop_grace"] + STOP_MARGIN_S
     return settings
 
 
@@ -283,14 +336,15 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         out = CONTAINER_OUT if unit.kind == "container" else \
             f"{s.get('node_dir', '/var/lib/torchfleet')}/runs/{job['run_id']}"
         python = "python3" if unit.kind == "container" else s.get("python", "python3")
-        unit.command = [python, f"{out}/guard.py", f"{out}/guard.json", str(i), "--", *unit.argv]
+        unit.command = [python, f"{out}/{run_vocab.GUARD_SOURCE}", f"{out}/{run_vocab.GUARD_CONFIG}", str(i), "--",
+                        *unit.argv]
     return {
         "run_id": job["run_id"], "job": job["job"], "store_unit": host_unit,
         "store": {"host": str(table["master_addr"]), "port": settings["port"], "node": master},
         "node_timeout": settings["node_timeout"], "stall_timeout": settings["stall_timeout"],
         "job_timeout": settings["timeout"], "poll_interval": settings["poll_interval"],
         "stop_grace": settings["stop_grace"], "start_timeout": settings["start_timeout"],
-        "peer_error": PEER_ERROR_RE.pattern,
+        "stop_wait": settings["stop_wait"], "peer_error": PEER_ERROR_RE.pattern,
         "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
                    "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u)} for u in units],
     }
@@ -374,6 +428,7 @@ class _NodeContext:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(GLOO_SOCKET_IFNAME=self.interface, TORCHFLEET_RUN_ID=self.run_id,
                    TORCHFLEET_DATA_DIR=self.paths["data_dir"], TORCHFLEET_OUT_DIR=self.paths["out_dir"])
+        env.update(malloc_env(self.settings.get("malloc"), env))
         return env
 
     def rank_env(self, row: Mapping[str, Any], i: int) -> dict[str, str]:
@@ -556,7 +611,7 @@ def _build_mpirun(ctx: _NodeContext) -> None:
 # Each mpirun rank: its node's environment, the secret part where there is one, the
 # torchrun-style names from Open MPI's, then its own cpuset.
 _MPI_RANK = (
-    'set -a; . /out/node.env; [ ! -f /out/node.secret.env ] || . /out/node.secret.env; set +a; '
+    f'set -a; . /out/node.env; [ ! -f /out/{run_vocab.SECRET_ENV} ] || . /out/{run_vocab.SECRET_ENV}; set +a; '
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
     + _PIN.format(local="$OMPI_COMM_WORLD_LOCAL_RANK"))
@@ -604,7 +659,7 @@ SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "ssh_port": ("launch_ssh_port", int), "ssh_user": ("launch_ssh_user", str), "ssh_uid": ("launch_ssh_uid", int),
     "ssh_gid": ("launch_ssh_gid", int), "ssh_node_dir": ("launch_ssh_node_dir", str),
     "ssh_client_dir": ("launch_ssh_client_dir", str), "ssh_container_dir": ("launch_ssh_container_dir", str),
-    "sshd_path": ("launch_sshd_path", str),
+    "sshd_path": ("launch_sshd_path", str), "malloc": ("launch_malloc", str),
 }
 # The launch's numbers whose range argument_specs cannot express: (variable, min, max or
 # None for no bound, what a bound value means).
@@ -615,6 +670,7 @@ RANGES: tuple[tuple[str, float, float | None, str], ...] = (
     ("launch_node_timeout", 1, None, ""), ("launch_stall_timeout", 0, None, " (0: never)"),
     ("launch_stop_grace", 0, 3600, ""), ("launch_keep_runs", 1, None, ""),
     ("launch_omp_num_threads", 0, None, " (0: from the CPUs)"),
+    ("launch_collect_out_max_mb", 0, 1 << 20, " (0: bring no out folder back)"),
 )
 # launch_transport wireguard's numbers, checked only with it.
 OVERLAY_RANGES: tuple[tuple[str, float, float | None, str], ...] = (
@@ -748,8 +804,8 @@ def taken_port_check(port: Any, table: Mapping[str, Any], skip: bool = False) ->
 
 def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: list[str], table: Mapping[str, Any], *,
                 bare: bool, runtime: str, settings: Mapping[str, Any], job: str, planning: bool,
-                replace: bool, mpirun: bool = False,
-                image_account: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                replace: bool, mpirun: bool = False, image_account: Mapping[str, Any] | None = None,
+                libraries: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """check_input's checks of a node's state against the launch: its runtime (``runtime``:
     launch_python, or launch_image where ``bare`` is false), each path its ranks need
     (``reading``: node_probe's, with ``missing`` and ``listening``), a run of the job that
@@ -757,7 +813,8 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
     is the master's where ``table`` says so). A plan
     (``planning``) reports what it finds and fails on none; under ``replace`` the ports
     are checked once the replaced run has stopped. Under ``mpirun``, the SSH mesh's checks
-    (mesh_checks) come too."""
+    (mesh_checks) come too, and launch_malloc's library where the loader was asked
+    (``libraries``: in the image, or on the node for a bare launch; malloc_check)."""
     if bare:
         runtime_check = {"variable": "launch_python",
                          "msg": f"launch_python {runtime} does not exist; run site.yml with torchfleet_python_env: true first"}
@@ -776,6 +833,8 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
     checks += [taken_port_check(port, table, skip_ports) for port in taken]
     if mpirun:
         checks += mesh_checks(reading, image_account, settings, host == table["master_host"], runtime)
+    where = f"launch_python {runtime}'s node" if bare else f"launch_image {runtime}"
+    checks += [dict(c, that=planning or c["that"]) for c in malloc_check(settings.get("malloc"), libraries, where)]
     return checks
 
 
@@ -828,6 +887,20 @@ def check_job(name: Any) -> str:
         raise InventoryError(f"launch_job={name!r} must be 1-63 letters, digits, '_', '.' or '-', starting with a "
                              "letter or digit", None, "launch_job")
     return name
+
+
+# A run id names folders and containers on the nodes and a folder under runs/: one path
+# component, never "." or "..", short enough for a container name.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_run_id(run_id: Any) -> str:
+    """launch_run_id as given, or InventoryError naming it (the pattern is RUN_ID)."""
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        shown = repr(run_id) if len(repr(run_id)) <= 80 else f"{repr(run_id)[:60]}... ({len(str(run_id))} characters)"
+        raise InventoryError(f"launch_run_id={shown} must be 1-64 letters, digits, '_', '.' or '-', starting with a "
+                             "letter or digit", None, "launch_run_id")
+    return run_id
 
 
 def new_run_id(now: Any = None) -> str:

@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import time
 
 from .conftest import ENV, NAME, SUBNET, TORCHFLEET, cli, node_sh
 
@@ -25,7 +26,7 @@ def test_cli_commands_exit_codes_and_json(provisioned, inventory_dir, runs_dir, 
     code, out = run("plan", *inv, "-i", str(dup), "--json")
     assert code == 2 and not out["ok"]
     assert out["error"] | {"message": None} == {
-        "type": "InventoryError", "host": "node-2", "variable": "torchfleet_node_rank",
+        "type": "InventoryError", "host": "node-2", "hosts": ["node-2"], "variable": "torchfleet_node_rank",
         "task": "Number the ranks and pick MASTER_ADDR, each node at its cluster address (or overlay address)",
         "message": None}
 
@@ -121,3 +122,120 @@ def test_a_bad_secret_name_is_input_named_without_its_value(provisioned, invento
     assert code == 2 and out["error"]["variable"] == "launch_secret_env"
     assert "'bad-name' is not an environment variable name" in out["error"]["message"]
     assert "tfsecret-never-shown" not in json.dumps(out)
+
+
+def _text(*args, runs_dir, timeout=600):
+    """The torchfleet command in text mode: (exit code, stdout, stderr)."""
+    env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
+    done = subprocess.run([TORCHFLEET, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_two_names_for_one_machine_are_refused_before_anything_changes(provisioned, inventory_dir, runs_dir, tmp_path):
+    """Issue 43, finding 1: a second name for node-2, by another port of its own sshd, which
+    the addresses cannot tell: node-2 itself says that it is the same machine."""
+    import yaml
+
+    hosts = yaml.safe_load((inventory_dir / "hosts.yml").read_text())
+    address = hosts["all"]["children"]["torchfleet_nodes"]["hosts"]["node-2"]["ansible_host"]
+    ssh_args = hosts["all"]["vars"]["ansible_ssh_common_args"]
+    alias = tmp_path / "alias.yml"
+    # HostKeyAlias: the second port serves node-2's own host key, known under its address.
+    alias.write_text(yaml.safe_dump({"torchfleet_nodes": {"hosts": {"node-2-again": {
+        "ansible_host": address, "ansible_port": 2222,
+        "ansible_ssh_common_args": f"{ssh_args} -o HostKeyAlias={address}"}}}}))
+    node_sh("node-2", "/usr/sbin/sshd -p 2222 -o PidFile=/run/sshd-2222.pid")
+    runs = lambda: {n: node_sh(n, "ls /var/lib/torchfleet/runs 2>/dev/null || true")  # noqa: E731
+                    for n in ("node-1", "node-2")}
+    runs_before = runs()
+    try:
+        inv = ["-i", str(inventory_dir), "-i", str(alias), "--json"]
+        for command in (["plan"], ["launch", "--run-id", "same-machine"], ["up"]):
+            code, out = cli(*command, *inv, inventory_dir=inventory_dir, runs_dir=runs_dir)
+            assert code == 2 and out["error"]["variable"] == "ansible_host", (command, out)
+            assert out["error"]["hosts"] == ["node-2", "node-2-again"], out
+            assert "are one machine" in out["error"]["message"]
+        # Apart, the two real nodes are two machines, though their kernel (boot id) is one.
+        code, _ = cli("plan", "-i", str(inventory_dir), "--json", inventory_dir=inventory_dir, runs_dir=runs_dir)
+        assert code == 0
+    finally:
+        node_sh("node-2", "kill $(cat /run/sshd-2222.pid)")
+    assert runs() == runs_before
+    assert not (runs_dir / "same-machine").exists()
+
+
+def test_a_bad_run_id_touches_no_node(provisioned, inventory_dir, runs_dir):
+    """Issue 39, item 4: refused with exit 2 naming launch_run_id, and no folder is made on any node."""
+    before = {n: node_sh(n, "ls -a /var/lib/torchfleet/runs /var/lib/torchfleet 2>/dev/null || true")
+              for n in ("node-1", "node-2")}
+    for args in (["--run-id", "../x"], ["--run-id", "a b"], ["--run-id", "r" * 200], ["-e", "launch_run_id=../x"]):
+        code, out = cli("launch", "-i", str(inventory_dir), "--json", *args, inventory_dir=inventory_dir,
+                        runs_dir=runs_dir)
+        assert code == 2 and out["error"]["variable"] == "launch_run_id", (args, out)
+    code, out = cli("stop", "-i", str(inventory_dir), "--json", "../x", inventory_dir=inventory_dir, runs_dir=runs_dir)
+    assert code == 2 and out["error"]["variable"] == "launch_run_id"
+    assert {n: node_sh(n, "ls -a /var/lib/torchfleet/runs /var/lib/torchfleet 2>/dev/null || true")
+            for n in ("node-1", "node-2")} == before
+    assert node_sh("node-1", "ls /var/lib/torchfleet | grep -cx x || true").strip() == "0"
+
+
+def test_lookalikes_come_before_a_failing_check_in_every_command(provisioned, inventory_dir, runs_dir, tmp_path):
+    """Issue 43, finding 3: the BigDL guide's names, and names without their prefix, are warned
+    about even when a later check fails (here a TLS one), in text and JSON alike."""
+    guide = tmp_path / "guide.yml"
+    guide.write_text("all:\n  hosts:\n    node-2: {rank: 1, cpuset: '0-1', master_port: 29511, image: x, "
+                     "command: [python3, t.py], sgx_aesm_socket: true}\n")
+    inv = ["-i", str(inventory_dir), "-i", str(guide)]
+    meant = {"rank": "torchfleet_node_rank", "cpuset": "cpu_pinning_cpusets", "master_port": "launch_master_port",
+             "image": "launch_image", "command": "launch_command", "sgx_aesm_socket": "launch_sgx_aesm_socket"}
+    for command in ("plan", "launch"):
+        # Bad input that a later check refuses: its warnings still come, first.
+        code, out = cli(command, *inv, "--json", "-e", "launch_poll_interval=0", inventory_dir=inventory_dir,
+                        runs_dir=runs_dir)
+        assert code == 2 and out["error"]["variable"] == "launch_poll_interval", out
+        assert {w["variable"]: w["meant"] for w in out["warnings"]} == meant
+        code, _, stderr = _text(command, *inv, "-q", "-e", "launch_poll_interval=0", runs_dir=runs_dir)
+        assert code == 2 and stderr.index("did you mean launch_command?") < stderr.index("error")
+    code, out = cli("up", *inv, "--json", "-e", "image_load_timeout=0", inventory_dir=inventory_dir, runs_dir=runs_dir)
+    assert code == 2 and {w["variable"]: w["meant"] for w in out["warnings"]} == meant
+
+
+def test_an_input_error_of_every_node_is_said_once(provisioned, inventory_dir, runs_dir):
+    """Issue 43, finding 4: the hosts, the variable and the sentence, once; Ansible's task with -v."""
+    code, _, stderr = _text("plan", "-i", str(inventory_dir), "-e", "launch_poll_interval=0", runs_dir=runs_dir)
+    assert code == 2
+    assert stderr.count("launch_poll_interval=0 must be between 0.1 and 3600") == 1, stderr
+    assert "hosts node-1, node-2: launch_poll_interval=0" in stderr and "variable launch_poll_interval" in stderr
+    assert "✗ node-" not in stderr and "Check the launch's input" not in stderr
+    code, _, stderr = _text("plan", "-i", str(inventory_dir), "-v", "-e", "launch_poll_interval=0", runs_dir=runs_dir)
+    assert code == 2 and "✗ node-1" in stderr and "Check the launch's input" in stderr
+
+
+# Joins the job (the launch waits for MASTER_PORT), then only waits.
+SLEEPER = ("import time\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+           "print(f'rank {dist.get_rank()} joined', flush=True)\ntime.sleep(600)\n")
+
+
+def test_a_stop_or_a_detach_that_worked_prints_no_failure(provisioned, inventory_dir, runs_dir, tmp_path):
+    """Issue 43, finding 7: stop (exit 0) and Ctrl-C on attach (exit 0) print nothing red, no "failed"."""
+    import signal
+
+    workload = tmp_path / "sleeper.py"
+    workload.write_text(SLEEPER)
+    inv = ["-i", str(inventory_dir)]
+    code, out = cli("launch", *inv, "--json", "--detach", "--workload", str(workload), "--job", "sleeper",
+                    "--run-id", "sleeper-1", inventory_dir=inventory_dir, runs_dir=runs_dir)
+    assert code == 0 and out["detached"], out
+    env = dict(os.environ, **ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
+    attach = subprocess.Popen([TORCHFLEET, "attach", *inv, "sleeper-1"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(10)
+    attach.send_signal(signal.SIGINT)
+    stdout, stderr = attach.communicate(timeout=120)
+    assert attach.returncode == 0 and "detached from run sleeper-1" in stdout, stdout + stderr
+    assert "failed" not in stderr and "✗" not in stderr, stderr
+    code, stdout, stderr = _text("stop", *inv, "sleeper-1", runs_dir=runs_dir)
+    assert code == 0, stdout + stderr
+    assert "failed" not in stderr and "✗" not in stderr and "✓ stop sleeper-1" in stderr, stderr
+    assert "stopped" in stdout

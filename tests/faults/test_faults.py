@@ -252,3 +252,49 @@ def test_a_rank_that_makes_no_progress_is_stopped_as_stalled(faults_cluster):
     assert "launch_stall_timeout=6" in out["error"]["message"]
     assert_stopped_within(f, "stall", since, 6 + MARGIN, "rank 1 on node-2 made no progress")
     assert_nothing_left(f)
+
+
+def test_a_stop_from_another_shell_gives_the_ranks_the_runs_own_grace(faults_cluster):
+    """A run launched with launch_stop_grace=20, stopped from a shell whose variables say 2:
+    its ranks, which ignore SIGTERM, get SIGKILL 20 s after SIGTERM, by their guards' records.
+    With the stopping shell's settings the stop would have killed them after node timeout + 2
+    + 5 s (11 s)."""
+    f = faults_cluster
+    grace = 20
+    code, out = f.cli("launch", "--detach", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", "grace",
+                      "-e", f"launch_stop_grace={grace}", "--", "--seconds", "300", "--ignore-sigterm")
+    assert code == 0 and out["detached"], out
+    f.wait_running("grace")
+    code, out = f.cli("stop", "grace", "-e", "launch_stop_grace=2")
+    assert code == 0 and {r["outcome"] for r in out["run"]["ranks"]} == {"stopped"}, out
+    guards = f.guards("grace")
+    assert len(guards) == 2
+    for name, guard in guards.items():
+        assert guard["state"] == "stopped" and guard["exit_code"] == 128 + signal.SIGKILL, (name, guard)
+        assert grace <= guard["sigkill_at"] - guard["sigterm_at"] < grace + MARGIN, (name, guard)
+    assert_nothing_left(f)
+
+
+def test_a_node_the_controller_cannot_reach_keeps_the_clusters_verdict_and_is_named(faults_cluster):
+    """node-2's sshd frozen while its rank trains on: the ranks finish, the guards record it,
+    and the launch, its message and `runs` all say succeeded, naming node-2 as not reached and
+    how to fetch its logs. Once node-2 answers, collect brings them and removes its leftovers."""
+    f = faults_cluster
+    launch = f.launch("unreached", seconds=20)
+    f.wait_running("unreached", launch=launch)
+    f.node("node-2", "pkill -STOP -x sshd")
+    try:
+        code, out = finish(launch)
+        assert code == 0, out
+        run = out["run"]
+        assert run["ok"] and run["unreachable"] == ["node-2"], run
+        assert "could not reach node-2" in run["note"] and "`torchfleet collect unreached`" in run["note"]
+        assert {r["rank"]: (r["outcome"], r["exit_code"]) for r in run["ranks"]} == {0: ("ok", 0), 1: ("ok", 0)}
+        code, out = f.cli("runs")
+        assert code == 0 and next(r for r in out["runs"] if r["run_id"] == "unreached")["state"] == "succeeded", out
+    finally:
+        f.node("node-2", "pkill -CONT -x sshd")
+    code, out = f.cli("collect", "unreached")
+    assert code == 0 and out["run"]["unreachable"] == [] and out["run"]["note"] is None, out
+    assert "step at" in (f.runs_dir / "unreached" / "rank-1.log").read_text()
+    assert_nothing_left(f)

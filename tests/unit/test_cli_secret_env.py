@@ -23,3 +23,18 @@ def test_secret_env_of_an_unset_variable_is_bad_input(monkeypatch):
 
 def test_a_launch_without_secrets_sets_none():
     assert "launch_secret_env" not in cli._job(cli._parser().parse_args(["launch"])).to_vars()
+
+
+def test_extra_vars_take_a_mapping_as_ansible_playbook_does(tmp_path):
+    args = cli._parser().parse_args(["plan", "-e", '{"launch_secret_env": {"T": "s"}, "launch_job": "x=y"}',
+                                     "-e", "launch_master_port=29600", "-i", str(tmp_path)])
+    assert cli._cluster(args).extra_vars == {"launch_secret_env": {"T": "s"}, "launch_job": "x=y",
+                                             "launch_master_port": 29600}
+
+
+@pytest.mark.parametrize("item", ['{"launch_secret_env": {"T": "s3cr3t-value"', "s3cr3t-value"])
+def test_an_extra_var_that_cannot_be_read_is_refused_without_echoing_it(item, tmp_path):
+    args = cli._parser().parse_args(["plan", "-e", item, "-i", str(tmp_path)])
+    with pytest.raises(InventoryError) as err:
+        cli._cluster(args)
+    assert err.value.variable == "extra_vars" and "s3cr3t-value" not in str(err.value)

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_vocab
 from torchfleet.report import PEER_ERROR_RE
 
 RANK = {"name": "tf-r-rank1", "host": "node-2", "role": "rank", "ranks": [1]}
@@ -79,11 +79,11 @@ def test_a_loss_names_every_lost_host_once():
 
 def test_the_run_state_follows_the_primary_units_not_the_services():
     units = [MPIRUN, SSHD]
-    assert guard.job_state(units, {}, None, []) == "running"
-    assert guard.job_state(units, {0: 0}, None, []) == "succeeded"  # sshd is a service
-    assert guard.job_state(units, {0: 1}, None, []) == "failed"
-    assert guard.job_state(units, {}, {"kind": "stopped"}, []) == "stopped"
-    assert guard.job_state(units, {}, {"kind": "node_lost"}, []) == "failed"
+    assert run_vocab.job_state(units, {}, None, []) == "running"
+    assert run_vocab.job_state(units, {0: 0}, None, []) == "succeeded"  # sshd is a service
+    assert run_vocab.job_state(units, {0: 1}, None, []) == "failed"
+    assert run_vocab.job_state(units, {}, {"kind": "stopped"}, []) == "stopped"
+    assert run_vocab.job_state(units, {}, {"kind": "node_lost"}, []) == "failed"
 
 
 def test_usage_errors_exit_2(capsys):

@@ -34,6 +34,7 @@ def test_guide_names_name_the_torchfleet_variable(known):
     ]
     assert warnings[1] == {
         "host": "node-1",
+        "hosts": ["node-1"],
         "variable": "rank",
         "meant": "torchfleet_node_rank",
         "message": "host node-1: rank is not a torchfleet variable and is ignored; "
@@ -103,3 +104,39 @@ def _hosts_yml_vars(group):
 )
 def test_repo_inventories_use_only_real_names(known, path, names):
     assert lookalikes(str(path.relative_to(ROOT)), names, known) == []
+
+
+def test_a_documented_variable_without_its_prefix_is_named(known):
+    # Issue 43: command and sgx_aesm_socket went unflagged though launch_command and
+    # launch_sgx_aesm_socket exist; nothing lists them by hand.
+    assert meant(["command", "sgx_aesm_socket", "stall_timeout", "master_port"], known) == {
+        "command": "launch_command",
+        "sgx_aesm_socket": "launch_sgx_aesm_socket",
+        "stall_timeout": "launch_stall_timeout",
+        "master_port": "launch_master_port",
+    }
+
+
+def test_every_documented_variable_is_found_without_its_prefix(known):
+    specs = yaml.safe_load((ROOT / "roles" / "launch" / "meta" / "argument_specs.yml").read_text())
+    documented = set(specs["argument_specs"]["main"]["options"])
+    for name in documented:
+        bare = name[len("launch_"):]
+        # A name torchfleet reads as it is (sgx_devices, gloo_tls) is no lookalike.
+        if name.startswith("launch_") and bare not in known and ("_" in bare or len(bare) >= 6):
+            assert meant([bare], known) == {bare: name}
+
+
+def test_the_bigdl_guides_names_are_named(known):
+    assert meant(["rank", "cpuset", "master_port", "image"], known) == {
+        "rank": "torchfleet_node_rank", "cpuset": "cpu_pinning_cpusets", "master_port": "launch_master_port",
+        "image": "launch_image"}
+
+
+def test_a_variable_every_node_has_is_one_warning_naming_them_all(known):
+    from torchfleet.lookalike import merged
+
+    [warning] = merged([w for h in ("node-1", "node-2") for w in lookalikes(h, ["command"], known)])
+    assert warning["hosts"] == ["node-1", "node-2"] and warning["host"] == "node-1"
+    assert warning["message"] == ("hosts node-1, node-2: command is not a torchfleet variable and is ignored; "
+                                  "did you mean launch_command?")

@@ -85,9 +85,11 @@ def test_a_taken_port_names_its_variable_unless_skipped():
 
 def test_plan_lines_show_each_nodes_ranks_interface_and_cpusets():
     table = {"ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}, {"rank": 2, "host": "b"}]}
-    nodes = [{"interface": "eth0", "pinning": []}, {"interface": "eth1", "pinning": [{"cpuset": "0-1"}, {"cpuset": "2-3"}]}]
+    nodes = [{"interface": "eth0", "pinning": [], "settings": {"malloc": "default"}},
+             {"interface": "eth1", "pinning": [{"cpuset": "0-1"}, {"cpuset": "2-3"}], "settings": {"malloc": "jemalloc"}}]
     assert filters.plan_lines(nodes, ["a", "b"], table) == [
-        "a runs ranks 0 on eth0, cpusets unpinned", "b runs ranks 1,2 on eth1, cpusets 0-1 2-3"]
+        "a runs ranks 0 on eth0, cpusets unpinned, preloads nothing (glibc malloc)",
+        "b runs ranks 1,2 on eth1, cpusets 0-1 2-3, preloads libjemalloc.so.2"]
 
 
 def _checks(**kw):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import role_guard
 from torchfleet import spec
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import rank_table
@@ -61,7 +62,7 @@ def settings(**over):
         "gloo_tls": False, "tls_node_dir": TLS_NODE_DIR, "tls_mount": TLS_MOUNT, "oom_kill_disable": False,
         "mpirun_args": [], "ssh_port": SSH_PORT, "ssh_user": "trainer", "ssh_uid": SSH_UID, "ssh_gid": SSH_GID,
         "ssh_node_dir": "/etc/tf/ssh", "ssh_client_dir": "/etc/tf/ssh-client", "ssh_container_dir": "/etc/tf/sshc",
-        "sshd_path": "/usr/sbin/sshd", "ssh_launcher": "",
+        "sshd_path": "/usr/sbin/sshd", "ssh_launcher": "", "malloc": "default",
     }
     s.update(over)
     return s
@@ -73,8 +74,8 @@ def make(mode="container", runtime=None, *, pinning=False, secret=None, args=Non
     ``per_host`` {host: {setting: value}} one node's."""
     job = {"run_id": RUN_ID, "job": JOB, "mode": mode, "transport": "tcp", "image": IMAGE,
            "torchrun_runtime": runtime or "container", "container_prefix": PREFIX, "command": command or [],
-           "args": list(args or []), "workload_argv": workload or ["python3", "mnist.py"], "warnings": [],
-           "guard": dict(guard or {})}
+           "args": list(args or []), "workload_argv": workload or ["python3", "mnist.py"],
+           "guard": dict(role_guard(), **(guard or {}))}
     table = rank_table([{"name": h, "address": a, "procs": p} for h, a, p, _ in HOSTS], PORT)
     nodes = {}
     for host, address, _, nproc in HOSTS:
@@ -136,7 +137,7 @@ def test_two_phases_the_masters_units_first(mode, runtime):
     built = build(mode, runtime)
     assert built.phases == [0, 1]
     assert all(u.phase == 0 for u in built.units if u.role in ("rank", "torchrun") and u.host == MASTER)
-    # start_phase.yml waits for listeners in phase 0 only.
+    # start.yml waits for listeners in phase 0 only (start_units_listen.yml).
     assert {u.phase for u in built.units if u.listen} == {0}
 
 
@@ -243,7 +244,7 @@ def test_pinning_reaches_each_rank(mode, runtime):
 @pytest.mark.parametrize("mode", ["container", "process"])
 def test_pinning_on_rank_units(mode):
     built = build(mode, pinning=True)
-    # A container unit's cpuset is docker's cpuset_cpus (start_phase.yml); a process's, taskset's.
+    # A container unit's cpuset is docker's cpuset_cpus (start_units_container.yml); a process's, taskset's.
     mems = ["0", "1", None, "0"] if mode == "container" else [None] * 4
     assert [(u.ranks, u.cpuset, u.cpuset_mems) for u in built.units] == [
         ([r], c, m) for r, c, m in zip(range(4), ["0-2", "4-7", "0-1", "1,3,5"], mems)]
@@ -736,7 +737,7 @@ def test_to_dict_round_trips_through_json(mode, runtime):
 
 def test_phases_of_a_single_node_job():
     job = {"run_id": RUN_ID, "job": JOB, "mode": "container", "image": IMAGE, "container_prefix": PREFIX,
-           "command": [], "args": [], "workload_argv": ["python3", "mnist.py"]}
+           "command": [], "args": [], "workload_argv": ["python3", "mnist.py"], "guard": role_guard()}
     table = rank_table([{"name": "solo", "address": "10.0.0.50", "procs": 3}], PORT)
     parts = spec.split_site_env(settings(), None, "solo")
     nodes = {"solo": {"address": "10.0.0.50", "interface": "eth0", "nproc": 6, "pinning": [],
@@ -745,7 +746,7 @@ def test_phases_of_a_single_node_job():
     assert built.to_dict()["phases"] == [0]
     assert [r.threads for r in built.ranks] == [2, 2, 2]
     assert [u.listen for u in built.units] == [{"host": "10.0.0.50", "port": PORT}, None, None]
-    assert built.transport == "tcp" and built.warnings == []
+    assert built.transport == "tcp"
 
 
 @pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
@@ -809,7 +810,8 @@ def _input_values(**over):
     values = {"launch_timeout": 0, "launch_poll_interval": 2, "launch_progress_interval": 30,
               "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
               "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
-              "launch_omp_num_threads": "2", "launch_mode": "process", "launch_gloo_tls": "yes",
+              "launch_omp_num_threads": "2", "launch_collect_out_max_mb": 1024, "launch_mode": "process",
+              "launch_gloo_tls": "yes",
               "launch_tls_node_dir": "/etc/pki", "launch_ssh_port": "2222", "ssh_mesh_launcher": "node-1",
               "launch_proxy_env": {"https_proxy": "http://u:pw@proxy:3128"}, "launch_extra_env": {"A": 1},
               "launch_secret_env": {"TOKEN": "s3cret"}}
@@ -903,3 +905,64 @@ def test_node_input_checks_the_overlays_numbers_only_under_wireguard():
         with pytest.raises(InventoryError) as err:
             spec.node_input(_input_values(**{**overlay, **bad}), "node-2")
         assert (err.value.host, err.value.variable) == ("node-2", variable)
+
+
+# --- the memory allocator (launch_malloc) -------------------------------------------------------
+
+
+def _rank_envs(s):
+    """What each rank's own process sees: its RankSpec env, and under mpirun its node.env."""
+    envs = [r.env for r in s.ranks]
+    if s.mode == "mpirun":
+        envs += [node_env(files["node.env"]) for files in s.files.values() if "node.env" in files]
+    return envs
+
+
+@pytest.mark.parametrize(("mode", "runtime"), MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("malloc", ["tcmalloc", "jemalloc"])
+def test_every_mode_preloads_the_chosen_allocator_in_every_rank(mode, runtime, malloc):
+    s = build(mode, runtime, malloc=malloc)
+    library = {"tcmalloc": "libtcmalloc.so.4", "jemalloc": "libjemalloc.so.2"}[malloc]
+    for env in _rank_envs(s):
+        assert env["LD_PRELOAD"] == library
+        assert ("MALLOC_CONF" in env) == (malloc == "jemalloc")
+    # The unit that starts the ranks carries it too (torchrun's agent, the rank's container).
+    assert all(u.env.get("LD_PRELOAD") == library for u in s.units if u.role in ("rank", "torchrun"))
+
+
+@pytest.mark.parametrize(("mode", "runtime"), MODES, ids=MODE_IDS)
+def test_the_default_allocator_preloads_nothing(mode, runtime):
+    s = build(mode, runtime, malloc="default")
+    assert not any("LD_PRELOAD" in env or "MALLOC_CONF" in env for env in _rank_envs(s))
+
+
+def test_a_sites_own_preload_and_malloc_conf_are_kept():
+    s = build("container", extra_env={"LD_PRELOAD": "/opt/lib/libhook.so", "MALLOC_CONF": "narenas:2"},
+              malloc="jemalloc")
+    env = s.ranks[0].env
+    assert env["LD_PRELOAD"] == "libjemalloc.so.2:/opt/lib/libhook.so" and env["MALLOC_CONF"] == "narenas:2"
+
+
+def test_node_input_reads_launch_malloc():
+    assert spec.node_input(_input_values(launch_malloc="jemalloc"), "node-2")["settings"]["malloc"] == "jemalloc"
+
+
+@pytest.mark.parametrize("bare", [True, False])
+def test_a_node_without_the_allocator_is_refused_naming_the_variable(bare):
+    table = {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-1"}
+    kw = dict(bare=bare, runtime="/opt/venv/bin/python" if bare else "train:1", job="j", replace=False)
+    missing = {"libtcmalloc.so.4": None}
+    checks = spec.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"}, planning=False,
+                              libraries=missing, **kw)
+    failed = [c for c in checks if not c["that"]]
+    assert [c["variable"] for c in failed] == ["launch_malloc"]
+    assert "libtcmalloc.so.4" in failed[0]["msg"] and "libgoogle-perftools4" in failed[0]["msg"]
+    assert ("launch_python" if bare else "launch_image train:1") in failed[0]["msg"]
+    found = {"libtcmalloc.so.4": "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"}
+    assert all(c["that"] for c in spec.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"},
+                                                   planning=False, libraries=found, **kw))
+    # A plan reports, and a node without the runtime is left to the runtime's own check.
+    assert all(c["that"] for c in spec.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"},
+                                                   planning=True, libraries=missing, **kw))
+    assert not [c for c in spec.node_checks("node-2", {}, False, [], table, settings={"malloc": "tcmalloc"},
+                                            planning=False, libraries=None, **kw) if c["variable"] == "launch_malloc"]

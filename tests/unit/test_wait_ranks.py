@@ -1,13 +1,14 @@
-"""wait_ranks' abort protocol, with no nodes: every node's copy shares one abort folder.
+"""wait_ranks' decisions, with no nodes: each node's copy decides from its own units alone;
+the guards' abort is the only channel between nodes.
 
-The node side is replaced by the statuses rank_containers would report; what is under
-test is how the copies decide, and what they leave for each other in the folder.
+The node side is replaced by the statuses rank_containers would report (and the guards'
+records run_state would read); what is under test is how a copy decides.
 """
 
-import json
-import threading
-import time
 from types import SimpleNamespace
+
+import pytest
+from ansible.errors import AnsibleActionFail
 
 from ansible.playbook.play_context import PlayContext
 from ansible.playbook.task import Task
@@ -20,11 +21,11 @@ def rank(n, code=None):
             "last_line": ""}
 
 
-def waiter(host, abort_dir, statuses, **args):
-    """A wait_ranks copy for one node whose ranks report ``statuses`` in turn (the last repeats)."""
+def waiter(host, statuses, units=(), **args):
+    """A wait_ranks copy for one node whose ranks report ``statuses`` in turn (the last repeats),
+    and whose guards recorded ``units`` (run_state's)."""
     task = Task()
-    task.args = {"labels": {"torchfleet.job": "unit"}, "expected": 1, "abort_dir": str(abort_dir),
-                 "poll_interval": 0.05, **args}
+    task.args = {"labels": {"torchfleet.job": "unit"}, "expected": 1, "poll_interval": 0.05, **args}
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp"))
     action = ActionModule(task, connection, PlayContext(), None, None, None)
     calls = iter(statuses)
@@ -32,6 +33,8 @@ def waiter(host, abort_dir, statuses, **args):
 
     def execute_module(module_name, module_args, task_vars):
         nonlocal last
+        if module_name == "torchfleet.cluster.run_state":
+            return {"run": {"units": list(units)}}
         last = next(calls, last)
         return last
 
@@ -39,61 +42,51 @@ def waiter(host, abort_dir, statuses, **args):
     return lambda: action.run(task_vars={"inventory_hostname": host})
 
 
-def test_a_failed_rank_writes_the_abort_file_naming_its_host_and_rank(tmp_path):
-    result = waiter("node-2", tmp_path, [{"containers": [rank(1)]}, {"containers": [rank(1, 137)]}])()
+def test_a_failed_rank_is_named_with_its_exit_code():
+    result = waiter("node-2", [{"containers": [rank(1)]}, {"containers": [rank(1, 137)]}])()
     assert result["outcome"] == "failed" and result["reason"] == "rank 1 exited with code 137"
-    assert json.loads((tmp_path / "abort-node-2.json").read_text()) == {
-        "host": "node-2", "reason": "rank 1 exited with code 137"}
 
 
-def test_every_other_node_returns_peer_failed_with_the_reason(tmp_path):
-    healthy = [waiter(f"node-{i}", tmp_path, [{"containers": [rank(i - 1)]}]) for i in (1, 3)]
-    results = {}
-    threads = [threading.Thread(target=lambda i=i, w=w: results.__setitem__(i, w())) for i, w in enumerate(healthy)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    assert not results, "healthy nodes must keep waiting while nothing failed"
-    waiter("node-2", tmp_path, [{"containers": [rank(1, 1)]}])()
-    for t in threads:
-        t.join(5)
-    assert [r["outcome"] for r in results.values()] == ["peer-failed", "peer-failed"]
-    assert {r["reason"] for r in results.values()} == {"rank 1 exited with code 1 on node-2"}
+def test_a_unit_its_guard_stopped_names_the_runs_abort_as_peer_failed():
+    """The guards' abort is the channel between nodes: node-1's unit ended because node-2's
+    rank failed, and node-1's copy says so, as its guard recorded it."""
+    abort = {"kind": "rank_failed", "host": "node-2", "reason": "rank 1 on node-2 exited with code 1"}
+    stopped = {"unit": 0, "state": "stopped", "exit_code": 143, "abort": abort}
+    result = waiter("node-1", [{"containers": [rank(0, 143)]}], units=[stopped], run_id="r", node_dir="/n")()
+    assert result["outcome"] == "peer-failed" and result["reason"] == "rank 1 on node-2 exited with code 1"
 
 
-def test_a_vanished_rank_counts_as_a_failure(tmp_path):
-    result = waiter("node-1", tmp_path, [{"containers": []}])()
+def test_a_unit_that_failed_on_its_own_stays_failed_though_its_guard_recorded_the_abort():
+    own = {"unit": 0, "state": "exited", "exit_code": 1, "abort": {"reason": "rank 0 on node-1 exited with code 1"}}
+    result = waiter("node-1", [{"containers": [rank(0, 1)]}], units=[own], run_id="r", node_dir="/n")()
+    assert result["outcome"] == "failed" and result["reason"] == "rank 0 exited with code 1"
+
+
+def test_a_vanished_rank_counts_as_a_failure():
+    result = waiter("node-1", [{"containers": []}])()
     assert result["outcome"] == "failed" and result["reason"] == "1 rank container(s) vanished"
-    assert (tmp_path / "abort-node-1.json").exists()
 
 
-def test_success_writes_no_abort_file(tmp_path):
-    result = waiter("node-1", tmp_path, [{"containers": [rank(0)]}, {"containers": [rank(0, 0)]}])()
+def test_success():
+    result = waiter("node-1", [{"containers": [rank(0)]}, {"containers": [rank(0, 0)]}])()
     assert result["outcome"] == "succeeded" and result["reason"] is None
-    assert list(tmp_path.iterdir()) == []
 
 
-def test_the_timeout_aborts_every_node(tmp_path):
-    result = waiter("node-1", tmp_path, [{"containers": [rank(0)]}], timeout=1)()
+def test_the_timeout_fails_the_wait():
+    result = waiter("node-1", [{"containers": [rank(0)]}], timeout=1)()
     assert result["outcome"] == "failed" and result["reason"] == "no result after 1s (launch_timeout)"
-    peer = waiter("node-2", tmp_path, [{"containers": [rank(1)]}])()
-    assert peer["outcome"] == "peer-failed"
 
 
-def test_a_node_whose_ranks_cannot_be_read_aborts_the_others(tmp_path):
-    result = waiter("node-1", tmp_path, [{"failed": True, "msg": "docker: not found"}])()
+def test_a_node_whose_ranks_cannot_be_read_fails_with_the_modules_message():
+    result = waiter("node-1", [{"failed": True, "msg": "docker: not found"}])()
     assert result["failed"] and result["msg"] == "docker: not found"
-    peer = waiter("node-2", tmp_path, [{"containers": [rank(1)]}])()
-    assert peer["outcome"] == "peer-failed"
-    assert peer["reason"] == "could not read its ranks: docker: not found on node-1"
 
 
-def test_a_peer_ignores_an_abort_file_still_being_written(tmp_path):
-    (tmp_path / "abort-node-9.json.tmp").write_text("")
-    result = waiter("node-1", tmp_path, [{"containers": [rank(0)]}, {"containers": [rank(0, 0)]}])()
-    assert result["outcome"] == "succeeded"
-
-
-def test_the_abort_file_appears_whole_and_leaves_no_temp_file(tmp_path):
-    waiter("node-2", tmp_path, [{"containers": [rank(1, 3)]}])()
-    assert [p.name for p in tmp_path.iterdir()] == ["abort-node-2.json"]
+@pytest.mark.parametrize("args, message", [
+    ({"expected": "two"}, "expected"),
+    ({"poll_interval": "soon"}, "poll_interval"),
+    ({"abort_dir": "/tmp/x"}, "abort_dir"),
+])
+def test_arguments_are_validated(args, message):
+    with pytest.raises(AnsibleActionFail, match=message):
+        waiter("node-1", [{"containers": [rank(0, 0)]}], **args)()

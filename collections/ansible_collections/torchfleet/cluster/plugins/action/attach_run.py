@@ -13,21 +13,10 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 
 display = Display()
-
-DOCUMENTATION = r"""
-module: attach_run
-short_description: Wait for a run's end as its guards report it, showing progress
-options:
-  node_dir: {description: torchfleet's folder on the master., type: path, required: true}
-  run_id: {description: The run., type: str, required: true}
-  poll_interval: {description: Seconds between the master's reads of job.json., type: float, default: 0.5}
-  progress_interval: {description: Seconds between progress lines., type: float, default: 10}
-  start_timeout: {description: Seconds the store's host may take to write job.json., type: float, default: 120}
-  stale_after: {description: Seconds after which a job.json not rewritten means its guard is gone., type: float, default: 20}
-"""
 
 ARGS = {
     "node_dir": {"type": "path", "required": True},
@@ -58,8 +47,8 @@ class ActionModule(ActionBase):
             except AnsibleConnectionFailure as exc:
                 state = {"unreachable": True, "msg": str(exc)}
             if state.get("unreachable"):
-                result.update(changed=False, outcome="master_lost", state="failed",
-                              abort={"kind": "node_lost", "host": host, "hosts": [host],
+                result.update(changed=False, outcome="master_lost", state=vocab.RunState.FAILED.value,
+                              abort={"kind": vocab.AbortKind.NODE_LOST.value, "host": host, "hosts": [host],
                                      "reason": f"the master node {host} stopped answering the controller: "
                                                f"{state.get('msg', '').strip()[:200]}"})
                 return result
@@ -67,21 +56,23 @@ class ActionModule(ActionBase):
                 return dict(result, failed=True, msg=f"could not read run {args['run_id']} on {host}: {state.get('msg')}")
             run = state.get("run") or {}
             job = run.get("job_state")
-            if job and job["state"] != "running":
+            if job and job["state"] != vocab.RunState.RUNNING:
                 result.update(changed=False, outcome="finished", state=job["state"], abort=job.get("abort"), job=job)
                 return result
             if job and (run.get("job_age_s") or 0) > args["stale_after"]:
-                result.update(changed=False, outcome="finished", state="failed", job=job,
-                              abort={"kind": "stopped", "host": host,
-                                     "reason": f"the guard hosting the run's store on {host} is gone (job.json not "
+                result.update(changed=False, outcome="finished", state=vocab.RunState.FAILED.value, job=job,
+                              abort={"kind": vocab.AbortKind.STOPPED.value, "host": host,
+                                     "reason": f"the guard hosting the run's store on {host} is gone ({vocab.JOB} not "
                                                f"updated for {run['job_age_s']:g}s): it was killed, or its unit "
                                                "removed (torchfleet down)"})
                 return result
             if not job and time.monotonic() - started > args["start_timeout"]:
-                result.update(changed=False, outcome="finished", state="failed",
-                              abort={"kind": "rank_failed", "host": host,
+                # Not a rank's failure: nothing of the run got going (a start cut short, a
+                # guard that could not start), which the CLI reports as a failed task.
+                result.update(changed=False, outcome="finished", state=vocab.RunState.FAILED.value,
+                              abort={"kind": vocab.AbortKind.NOT_STARTED.value, "host": host,
                                      "reason": f"the guard hosting the supervision store on {host} never wrote "
-                                               f"job.json within {args['start_timeout']:g}s"})
+                                               f"{vocab.JOB} within {args['start_timeout']:g}s"})
                 return result
             if time.monotonic() - last_progress >= args["progress_interval"]:
                 last_progress = time.monotonic()

@@ -2,21 +2,15 @@
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+
 from ansible_collections.community.docker.plugins.module_utils.image_archive import (
     ImageArchiveInvalidException,
     api_image_id,
     archived_image_manifest,
 )
 
-DOCUMENTATION = r"""
-module: image_archive_info
-short_description: Image ID of a docker save archive on the controller
-options:
-  path:
-    description: The archive.
-    type: path
-    required: true
-"""
+ARGS = {"path": {"type": "path", "required": True}}
 
 
 class ActionModule(ActionBase):
@@ -25,7 +19,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        path = self._task.args.get("path")
+        path = core.validate_args(self, ARGS)["path"]
         try:
             manifest = archived_image_manifest(path) if path else None
         except ImageArchiveInvalidException as exc:

@@ -5,50 +5,27 @@ from pathlib import Path
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+from torchfleet.vocab import run_vocab as vocab
 from torchfleet import report
 
 display = Display()
 
-DOCUMENTATION = r"""
-module: job_report
-short_description: Summarise a finished run on the controller
-options:
-  run_id:
-    description: The run's id.
-    type: str
-    required: true
-  run_dir:
-    description: The run's folder on the controller, holding the fetched logs.
-    type: path
-    required: true
-  spec:
-    description: The launch spec (launch_spec); each rank's part is recorded in summary.json.
-    type: dict
-    required: true
-  finals:
-    description: Each rank container's final state, as rank_containers reported it.
-    type: list
-    elements: dict
-    required: true
-  reason:
-    description: Why the run was stopped, when no guard said (a start that failed).
-    type: str
-  abort:
-    description: Why the guards stopped the run (kind, host, reason), as the controller saw it; else job.json's.
-    type: dict
-  mpirun_log:
-    description: mpirun's tagged output on the controller (mpirun mode); split into rank logs.
-    type: path
-  torchrun:
-    description: torchrun mode; each node's torchrun-<host>.log is split into rank logs.
-    type: bool
-    default: false
-  master_listened:
-    description: Whether MASTER_PORT opened; when not, the other ranks were never started.
-    type: bool
-    default: true
-"""
+ARGS = {
+    "run_id": {"type": "str", "required": True},
+    "run_dir": {"type": "path", "required": True},
+    "spec": {"type": "dict", "required": True},
+    "finals": {"type": "list", "elements": "dict", "required": True},
+    "reason": {"type": "str"},
+    "abort": {"type": "dict"},
+    "mpirun_log": {"type": "path"},
+    "torchrun": {"type": "bool", "default": False},
+    "master_listened": {"type": "bool", "default": True},
+    "outputs": {"type": "list", "elements": "dict", "default": []},
+    "lost": {"type": "list", "elements": "str", "default": []},
+    # A stop asked for: a run stopped by it is what was asked, not a failure of the task.
+    "stop_asked": {"type": "bool", "default": False},
+}
 
 
 class ActionModule(ActionBase):
@@ -57,31 +34,37 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = self._task.args
-        finals, reason = args["finals"], args.get("reason")
+        args = core.validate_args(self, ARGS)
+        finals, reason = args["finals"], args["reason"]
         guards, abort = report.guard_records(args["run_dir"])
-        abort = args.get("abort") or abort
+        abort = args["abort"] or abort
         finals = report.apply_guards(finals, guards)
-        if args.get("mpirun_log"):
+        if args["mpirun_log"]:
             finals, reason = self._split_mpirun(args, finals, reason)
-        elif args.get("torchrun"):
+        elif args["torchrun"]:
             finals = self._split_torchrun(args, finals)
+        # A node the controller lost: its ranks' ends as the cluster's supervision recorded them.
+        finals = report.cluster_finals(args["spec"], finals, report.job_record(args["run_dir"]), args["lost"])
         summary = report.summarize(args["run_id"], args["spec"], finals, args["run_dir"],
-                                   bool(args.get("master_listened", True)), abort)
+                                   args["master_listened"], abort, args["lost"])
         # Each rank's row holds its own part; this is the rest (units, phases, warnings).
         summary["spec"] = {k: v for k, v in args["spec"].items() if k != "ranks"}
+        summary["outputs"] = {o["host"]: o for o in args["outputs"]}
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)
         display.display("\n".join([f"torchfleet run {args['run_id']}  ({path})", *table]))
-        if not summary["ok"]:
+        stopped_as_asked = args["stop_asked"] and (abort or {}).get("kind") == vocab.AbortKind.STOPPED.value
+        if not summary["ok"] and not stopped_as_asked:
             # Keep the failure short: the message, and where the rest is.
             result.update(failed=True, msg=report.failure_message(summary, reason),
                           failed_rank=summary["failed_rank"]["rank"] if summary["failed_rank"] else None,
                           summary_file=str(path), abort=abort,
-                          torchfleet_error={"kind": (abort or {}).get("kind", "rank_failed"),
+                          torchfleet_error={"kind": (abort or {}).get("kind", vocab.AbortKind.RANK_FAILED.value),
                                             "host": (abort or {}).get("host"), "variable": None})
             return result
+        if summary["note"]:
+            display.warning(summary["note"])
         result.update(changed=False, summary=summary, table=table, summary_file=str(path), plot=plot)
         return result
 

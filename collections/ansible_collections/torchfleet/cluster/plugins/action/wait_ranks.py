@@ -1,68 +1,35 @@
-"""Wait for a node's ranks; stop everything as soon as any rank anywhere fails.
+"""Wait for a node's units of a start phase: until they listen, or end, or one fails.
 
-Ansible runs one copy of this per node, in parallel. They share an abort folder on the
-controller: the first copy that sees a rank exit non-zero (or vanish, or time out)
-drops a file there, and every other copy notices it on its next poll and returns, so
-the play can stop all ranks at once instead of leaving them hung in a collective.
+Ansible runs one copy of this per node, in parallel. They need no channel of their own to
+stop each other: a unit that fails makes its guard abort the run through the guards' store,
+every other guard stops its unit, and each copy here sees its own unit end. A unit its guard
+stopped is reported as ``peer-failed``, with the reason the guards recorded (the run's
+abort), read from the node's run folder once it ends.
 """
 
-import json
 import time
-from pathlib import Path
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import write_whole
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 
 display = Display()
 
-DOCUMENTATION = r"""
-module: wait_ranks
-short_description: Wait for the rank containers of a run, failing fast across nodes
-options:
-  labels:
-    description: Labels that select this run's containers (rank_containers).
-    type: dict
-  run_dir:
-    description: The run's folder on the node, for bare-process ranks (rank_processes).
-    type: path
-  expected:
-    description: How many rank containers this node should have.
-    type: int
-    required: true
-  abort_dir:
-    description: A folder on the controller shared by every node's copy of this task.
-    type: path
-    required: true
-  poll_interval:
-    description: Seconds between polls.
-    type: float
-    default: 2
-  progress_interval:
-    description: Seconds between progress lines.
-    type: float
-    default: 10
-  timeout:
-    description: Seconds before the job counts as hung; 0 waits for ever.
-    type: int
-    default: 0
-  listen_host:
-    description: With I(listen_port), return as soon as this address accepts connections.
-    type: str
-  listen_port:
-    description: The port to watch for, such as MASTER_PORT on the master.
-    type: int
-  node_dir:
-    description: With I(run_id), where the units' guards record their state; a unit whose guard says it exited 0 counts as done, though its guard (the store's host) stays up.
-    type: path
-  run_id:
-    description: The run, with I(node_dir).
-    type: str
-"""
-
-
 LISTEN_WAIT = 5
+ARGS = {
+    "labels": {"type": "dict"},
+    "run_dir": {"type": "path"},
+    "expected": {"type": "int", "required": True},
+    "poll_interval": {"type": "float", "default": 2.0},
+    "progress_interval": {"type": "float", "default": 10.0},
+    "timeout": {"type": "int", "default": 0},
+    "listen_host": {"type": "str"},
+    "listen_port": {"type": "int"},
+    "node_dir": {"type": "path"},
+    "run_id": {"type": "str"},
+}
 
 
 class ActionModule(ActionBase):
@@ -70,15 +37,15 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = self._task.args
+        args = core.validate_args(self, ARGS)
+        if not args["run_dir"] and not args["labels"]:
+            return dict(result, failed=True, msg="wait_ranks: labels (containers) or run_dir (processes) is required")
         host = task_vars["inventory_hostname"]
-        abort_dir = Path(args["abort_dir"])
-        abort_dir.mkdir(parents=True, exist_ok=True)
-        poll = float(args.get("poll_interval", 2))
-        progress_every = float(args.get("progress_interval", 10))
-        timeout = int(args.get("timeout", 0))
-        expected = int(args["expected"])
-        listen = (args["listen_host"], int(args["listen_port"])) if args.get("listen_port") else None
+        poll = args["poll_interval"]
+        progress_every = args["progress_interval"]
+        timeout = args["timeout"]
+        expected = args["expected"]
+        listen = (args["listen_host"], args["listen_port"]) if args["listen_port"] else None
         started = time.monotonic()
         last_progress = started
 
@@ -91,9 +58,6 @@ class ActionModule(ActionBase):
                 task_vars=task_vars,
             )
             if status.get("failed"):
-                # Its ranks can no longer be watched, so nobody else's may go on either.
-                reason = "could not read its ranks: {}".format(status.get("msg", "unknown error"))
-                _post_abort(abort_dir, host, reason)
                 return status
             containers = status["containers"]
             failed = [c for c in containers if c["exit_code"] not in (None, 0)]
@@ -109,8 +73,11 @@ class ActionModule(ActionBase):
                     else f"no result after {timeout}s (launch_timeout)"
                 )
             if reason:
-                _post_abort(abort_dir, host, reason)
                 outcome = "failed"
+                stopped = failed and args["run_id"] and self._abort(args, task_vars)
+                if stopped:
+                    # Its guard stopped it: the run's abort names the cause, elsewhere.
+                    outcome, reason = "peer-failed", stopped["reason"]
                 break
             if all(c["exit_code"] == 0 for c in containers):
                 outcome = "succeeded"
@@ -119,14 +86,8 @@ class ActionModule(ActionBase):
             if listen and self._listening(listen, task_vars, left):
                 outcome = "listening"
                 break
-            if listen and args.get("run_id") and self._guards_done(args, expected, task_vars):
+            if listen and args["run_id"] and self._guards_done(args, expected, task_vars):
                 outcome = "succeeded"
-                break
-            peers = sorted(abort_dir.glob("abort-*.json"))
-            if peers:
-                reason = json.loads(peers[0].read_text())
-                reason = "{} on {}".format(reason["reason"], reason["host"])
-                outcome = "peer-failed"
                 break
             if time.monotonic() - last_progress >= progress_every:
                 last_progress = time.monotonic()
@@ -143,16 +104,25 @@ class ActionModule(ActionBase):
         )
         return result
 
-    def _guards_done(self, args, expected, task_vars):
-        """Every unit of this node ended with code 0, by its guard's record (the store's host
-        records its child's exit at once, and stays up for the others)."""
+    def _units(self, args, task_vars):
+        """This node's units of the run, as their guards recorded them."""
         state = self._execute_module(module_name="torchfleet.cluster.run_state",
                                      module_args={"node_dir": args["node_dir"], "run_id": args["run_id"]},
                                      task_vars=task_vars)
-        units = (state.get("run") or {}).get("units") or []
-        ended_ok = [u.get("child_exit_code") == 0 or (u["state"] == "exited" and u.get("exit_code") == 0)
+        return (state.get("run") or {}).get("units") or []
+
+    def _guards_done(self, args, expected, task_vars):
+        """Every unit of this node ended with code 0, by its guard's record (the store's host
+        records its child's exit at once, and stays up for the others)."""
+        units = self._units(args, task_vars)
+        ended_ok = [u.get("child_exit_code") == 0 or (u["state"] == vocab.UnitState.EXITED and u.get("exit_code") == 0)
                     for u in units]
         return len(units) >= expected and all(ended_ok)
+
+    def _abort(self, args, task_vars):
+        """The run's abort, where a guard of this node stopped its unit because of it."""
+        return next((u["abort"] for u in self._units(args, task_vars)
+                     if u["state"] == vocab.UnitState.STOPPED and u.get("abort")), None)
 
     def _listening(self, listen, task_vars, left=None):
         """The port, waited for on the node for up to LISTEN_WAIT seconds (wait_for tries it
@@ -165,12 +135,6 @@ class ActionModule(ActionBase):
             task_vars=task_vars,
         )
         return not probe.get("failed")
-
-
-def _post_abort(abort_dir, host, reason):
-    """Peers poll the folder in parallel: the file appears whole, by a rename from a name
-    (``abort-HOST.json.tmp``) that their glob does not match."""
-    write_whole(str(abort_dir / f"abort-{host}.json"), json.dumps({"host": host, "reason": reason}))
 
 
 def _who(container):

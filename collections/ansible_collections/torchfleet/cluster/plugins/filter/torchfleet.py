@@ -1,11 +1,13 @@
-"""Filters that turn facts into cluster addresses, Gloo interfaces, rank environments and overlay addresses."""
+"""Filters that turn facts into cluster addresses, Gloo interfaces, rank environments, overlay addresses
+and slurm.conf's node lines."""
 
 import os
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401
-from torchfleet import cpus, overlay, ranks, redact, spec
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401  # pylint: disable=unused-import
+from torchfleet import cpus, hosts, overlay, ranks, redact, slurm, spec
 from torchfleet.errors import InventoryError
 
 
@@ -79,6 +81,15 @@ def running_runs(nodes, bare):
     return sorted(set(found))
 
 
+def run_file(word):
+    """A file of a run's folder by its name in the run's vocabulary (module_utils/run_vocab),
+    such as ``SECRET_ENV``: tasks never spell a run's file names themselves."""
+    name = getattr(run_vocab, str(word), None)
+    if not isinstance(name, str):
+        raise AnsibleFilterError(f"run_file: {word!r} names no file of a run (the collection's module_utils.run_vocab)")
+    return name
+
+
 def files_to_copy(names, src_files, dest_files, mode, owner=None, group=None):
     """Which of ``names`` to copy: those the node (``dest_files``, as ansible.builtin.find
     returns them with get_checksum) lacks, or holds with another checksum than the
@@ -121,7 +132,9 @@ def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=F
                                  running_runs([node], bare), table, bare=bare,
                                  runtime=settings.get("python") if bare else image, settings=settings, job=job,
                                  planning=planning, replace=replace, mpirun=mpirun,
-                                 image_account=(node.get("launch__job_containers") or {}).get("image_account"))
+                                 image_account=(node.get("launch__job_containers") or {}).get("image_account"),
+                                 libraries=((node.get("launch__node_state") if bare else
+                                             node.get("launch__job_containers")) or {}).get("libraries"))
         checks += [dict(c, host=host) for c in found]
     return checks
 
@@ -129,7 +142,8 @@ def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=F
 def plan_lines(nodes, hosts, table):
     """One line per node of the plan: its ranks, interface and cpusets (``nodes``: each host's launch__node)."""
     return [f"{host} runs ranks {','.join(str(r['rank']) for r in table['ranks'] if r['host'] == host)} on "
-            f"{node['interface']}, cpusets {' '.join(p['cpuset'] for p in node['pinning']) or 'unpinned'}"
+            f"{node['interface']}, cpusets {' '.join(p['cpuset'] for p in node['pinning']) or 'unpinned'}, preloads "
+            f"{spec.malloc_library((node.get('settings') or {}).get('malloc')) or 'nothing (glibc malloc)'}"
             for host, node in zip(hosts, nodes)]
 
 
@@ -155,6 +169,29 @@ def overlay_unreachable(results, max_age):
     return overlay.unreachable_pairs(results, int(max_age))
 
 
+def slurm_input_error(host_vars, hosts, chosen, cluster_name, partition):
+    """What is wrong with the slurm role's cluster-wide input (its controller among ``hosts``,
+    ordered by their torchfleet_node_rank in ``host_vars``, and its names), as data ({} when
+    nothing is)."""
+    try:
+        slurm.controller([{"name": h, "node_rank": host_vars[h].get(ranks.NODE_RANK_VAR)} for h in hosts], chosen)
+        slurm.check_names(cluster_name, partition)
+    except InventoryError as exc:
+        return {"message": str(exc), "host": exc.host, "variable": exc.variable}
+    return {}
+
+
+def slurm_conf(nodes, chosen=None, reserve_mib=0):
+    """slurm.conf's controller and node lines (torchfleet.slurm.conf_nodes), from each node's
+    name, node rank, hostname, cluster address and readings."""
+    return slurm.conf_nodes(nodes, chosen, int(reserve_mib))
+
+
+def slurm_unready(sinfo, hostnames):
+    """The nodes that do not serve jobs, with their state, from sinfo's node list."""
+    return slurm.unready(sinfo, hostnames)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -168,10 +205,15 @@ class FilterModule:
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
             "files_to_copy": files_to_copy,
+            "run_file": run_file,
             "plan_lines": plan_lines,
             "pinning_checks": pinning_checks,
+            "same_machine_checks": hosts.same_identity_checks,
             "taken_port_check": taken_port_check,
             "overlay_state": _wrap(overlay_state),
             "overlay_unreachable": _wrap(overlay_unreachable),
             "redact_url": redact_url,
+            "slurm_input_error": slurm_input_error,
+            "slurm_conf": _wrap(slurm_conf),
+            "slurm_unready": slurm_unready,
         }

@@ -16,7 +16,8 @@ cluster address only. Through it:
 - the host writes the run's state to ``job.json``, which a controller reads to attach.
 
 It runs with the Python that runs the ranks (it needs torch) and nothing else, so it is a
-single file copied into each run's folder. The decisions are the pure functions at the top.
+single file copied into each run's folder, beside the run's vocabulary (run_vocab.py) that it
+imports. The decisions are the pure functions at the top.
 """
 
 from __future__ import annotations
@@ -42,13 +43,17 @@ import warnings
 from datetime import datetime, timedelta, timezone
 from typing import NoReturn
 
+try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+except ImportError:  # on a node: run as a script from the run's folder, where run_vocab.py lies beside it
+    import run_vocab as vocab
+
 # Exit codes of a guard whose unit it stopped: 128 + the signal, as a shell reports it.
 STOPPED = 128 + signal.SIGTERM
-ABORT_KINDS = ("rank_failed", "node_lost", "stalled", "timeout", "stopped")
 # The node's secret environment for mpirun's ranks (the launch role's secret_env_file.yml):
 # no rank of the run starts once a unit of it has ended, so the first guard to end removes
 # it, also on a node the controller lost and could not clean.
-SECRET_FILES = ("node.secret.env",)
+SECRET_FILES = (vocab.SECRET_ENV,)
 # How long a guard that is done waits for its unit's last lines (a traceback) to reach the log.
 OUTPUT_DRAIN_S = 2.0
 
@@ -74,7 +79,7 @@ def abort_for_exit(unit: dict, code: int) -> dict | None:
     """A unit that ended with an error aborts the run; one that succeeded does not."""
     if code == 0:
         return None
-    return {"kind": "rank_failed", "host": unit["host"], "unit": unit["name"],
+    return {"kind": vocab.AbortKind.RANK_FAILED.value, "host": unit["host"], "unit": unit["name"],
             "reason": f"{who(unit)} exited with code {code}"}
 
 
@@ -85,7 +90,7 @@ def stalled(unit: dict, idle_s: float, stall_timeout: float, progressed: bool = 
     if stall_timeout <= 0 or idle_s < (stall_timeout if progressed else max(stall_timeout, start_timeout)):
         return None
     what = "made no progress" if progressed else "showed no progress since its start"
-    return {"kind": "stalled", "host": unit["host"], "unit": unit["name"],
+    return {"kind": vocab.AbortKind.STALLED.value, "host": unit["host"], "unit": unit["name"],
             "reason": f"{who(unit)} {what} (no output line, no heartbeat) for {int(idle_s)}s "
                       f"(launch_stall_timeout={stall_timeout:g})"}
 
@@ -145,21 +150,9 @@ def next_connect_timeout(current: float, node_timeout: float) -> float:
 
 def abort_for_lost(units: list[dict], lost: list[int], node_timeout: float) -> dict:
     hosts = sorted({units[i]["host"] for i in lost})
-    return {"kind": "node_lost", "host": hosts[0], "hosts": hosts, "unit": units[lost[0]]["name"],
+    return {"kind": vocab.AbortKind.NODE_LOST.value, "host": hosts[0], "hosts": hosts, "unit": units[lost[0]]["name"],
             "reason": f"lost {', '.join(hosts)}: no heartbeat for {node_timeout:g}s (launch_node_timeout); "
                       f"{who(units[lost[0]])} stopped answering"}
-
-
-def job_state(units: list[dict], exits: dict[int, int], abort: dict | None, lost: list[int]) -> str:
-    """running, succeeded or failed; a stop on request is ``stopped``."""
-    primary = [i for i, u in enumerate(units) if not u.get("service")]
-    if abort:
-        return "stopped" if abort["kind"] == "stopped" else "failed"
-    if lost:
-        return "failed"
-    if all(i in exits for i in primary):
-        return "succeeded" if all(exits[i] == 0 for i in primary) else "failed"
-    return "running"
 
 
 # --- the guard --------------------------------------------------------------------------------
@@ -210,7 +203,8 @@ class Guard:
         # acts at once instead of at its next poll.
         self.wake = threading.Event()
         self.state = {"unit": index, "name": self.unit["name"], "host": self.unit["host"], "role": self.unit["role"],
-                      "ranks": self.unit.get("ranks", []), "state": "starting", "started_at": _now()}
+                      "ranks": self.unit.get("ranks", []), "state": vocab.UnitState.STARTING.value,
+                      "started_at": _now()}
 
     # -- the child --
 
@@ -227,7 +221,7 @@ class Guard:
                                           stdin=subprocess.DEVNULL, preexec_fn=own_group)
         self.output = threading.Thread(target=self._pass_output, daemon=True)
         self.output.start()
-        self.state.update(state="running", pid=self.child.pid)
+        self.state.update(state=vocab.UnitState.RUNNING.value, pid=self.child.pid)
         self._write_state()
 
     def _pass_output(self) -> None:
@@ -250,12 +244,15 @@ class Guard:
         self.wake.set()
 
     def stop_child(self) -> int:
-        """SIGTERM to the unit's process group, SIGKILL after the grace period."""
+        """SIGTERM to the unit's process group, SIGKILL after the grace period. The record
+        says when the first of each was sent (``sigterm_at``, ``sigkill_at``)."""
         if self.child.poll() is None:
+            self.state.setdefault("sigterm_at", time.time())
             _killpg(self.child.pid, signal.SIGTERM)
             try:
                 await_exit(self.child, self.grace)
             except subprocess.TimeoutExpired:
+                self.state["sigkill_at"] = time.time()
                 _killpg(self.child.pid, signal.SIGKILL)
                 await_exit(self.child, None)
         else:
@@ -313,7 +310,7 @@ class Guard:
             return
         while True:
             try:
-                store.wait(["abort"], timedelta(seconds=60))
+                store.wait([vocab.ABORT], timedelta(seconds=60))
             except Exception:  # noqa: BLE001 - the wait's timeout, or the store gone: the polls decide
                 time.sleep(self.poll)
                 continue
@@ -322,18 +319,19 @@ class Guard:
             # records the reason and escalates to SIGKILL after the grace period.
             self.state.setdefault("abort_seen_at", time.time())
             if self.child is not None and self.child.poll() is None:
+                self.state.setdefault("sigterm_at", time.time())
                 _killpg(self.child.pid, signal.SIGTERM)
             self.wake.set()
             return
 
     def read_abort(self) -> dict | None:
-        if self.store.check(["abort"]):
-            return json.loads(self.store.get("abort"))
+        if self.store.check([vocab.ABORT]):
+            return json.loads(self.store.get(vocab.ABORT))
         return None
 
     def set_abort(self, abort: dict) -> dict:
         """The first abort wins; every guard reports that one."""
-        value = self.store.compare_set("abort", "", json.dumps(abort))
+        value = self.store.compare_set(vocab.ABORT, "", json.dumps(abort))
         return json.loads(value)
 
     # -- the loop --
@@ -364,7 +362,7 @@ class Guard:
                     if self.store is None:
                         self.connect_timeout = next_connect_timeout(self.connect_timeout, self.node_timeout)
                         raise ConnectionError(getattr(self, "store_error", "no store yet"))
-                self.store.add(f"hb/{self.index}", 1)
+                self.store.add(vocab.heartbeat_key(self.index), 1)
                 abort = abort or self.read_abort()
                 if self.is_host:
                     abort = abort or self._host_checks(seen, counters, exits)
@@ -373,16 +371,17 @@ class Guard:
                 if abort is None and code is not None and code != 0 and self._peer_wait_over():
                     abort = self.set_abort(dict(abort_for_exit(self.unit, exit_code(code)), index=self.index))
                 if abort is None and self.signalled:
-                    abort = self.set_abort({"kind": "stopped", "host": self.unit["host"], "unit": self.unit["name"],
+                    abort = self.set_abort({"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"],
+                                            "unit": self.unit["name"],
                                             "reason": f"{who(self.unit)} got signal {self.signalled}"})
                 if abort is None and code is None:
                     found = stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
                                     self.start_timeout)
                     if found:
                         abort = self.set_abort(dict(found, index=self.index))
-                if abort is None and self.unit.get("service") and self.store.check(["done"]):
+                if abort is None and self.unit.get("service") and self.store.check([vocab.DONE]):
                     return self.finish(exit_code(self.stop_child()) if self.child.poll() is None else 0,
-                                       "stopped", "the job's other units finished")
+                                       vocab.UnitState.STOPPED.value, "the job's other units finished")
                 self.last_ok = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - any store failure counts as no contact
                 if self.is_host or not isinstance(exc, (RuntimeError, ConnectionError, OSError)):
@@ -391,7 +390,7 @@ class Guard:
                 local = self._stop_requested() or (
                     dict(abort_for_exit(self.unit, exit_code(code)), index=self.index) if code else None)
                 if local is None and self.signalled:
-                    local = {"kind": "stopped", "host": self.unit["host"], "unit": self.unit["name"],
+                    local = {"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"], "unit": self.unit["name"],
                              "reason": f"{who(self.unit)} got signal {self.signalled}"}
                 if local is None and time.monotonic() - self.last_ok > self._store_limit():
                     local = self._store_lost()
@@ -407,8 +406,8 @@ class Guard:
                 if self.store is not None:
                     self._record_exit(0)
                 if not self.is_host:
-                    return self.finish(0, "exited")
-                if job_state(self.units, exits, None, []) == "succeeded":
+                    return self.finish(0, vocab.UnitState.EXITED.value)
+                if vocab.job_state(self.units, exits, None, []) == vocab.RunState.SUCCEEDED:
                     return self.finish_host(exits, None)
             self.wake.wait(self.poll)
 
@@ -420,12 +419,13 @@ class Guard:
         if self.peer_wait is None:
             self.peer_wait = {"since": now, "counters": {}, "moved": {}}
             self._say(f"[torchfleet guard] {who(self.unit)} lost a peer; waiting for the peers' guards to name the cause")
-        wait, others = self.peer_wait, []
+        wait, others, exits = self.peer_wait, [], {}
+        self._read_exits(exits)
         for i in range(len(self.units)):
-            if i == self.index or self.store.check([f"exit/{i}"]):
+            if i == self.index or i in exits:
                 continue
             others.append(i)
-            count = self.store.add(f"hb/{i}", 0)
+            count = self.store.add(vocab.heartbeat_key(i), 0)
             if i in wait["counters"] and count != wait["counters"][i]:
                 wait["moved"][i] = wait["moved"].get(i, 0) + 1
             wait["counters"][i] = count
@@ -437,7 +437,7 @@ class Guard:
 
     def _store_lost(self) -> dict:
         store = self.config["store"]
-        return {"kind": "node_lost", "host": store["node"], "hosts": [store["node"]], "unit": None,
+        return {"kind": vocab.AbortKind.NODE_LOST.value, "host": store["node"], "hosts": [store["node"]], "unit": None,
                 "reason": f"lost the supervision store on {store['node']} ({store['host']}:{store['port']}) for "
                           f"{int(time.monotonic() - self.last_ok)}s (launch_node_timeout={self.node_timeout:g}): "
                           "the master node stopped answering"}
@@ -457,7 +457,7 @@ class Guard:
                 code = self.child.poll()
                 final = self.stop_child() if code is None else exit_code(code)
                 self.state["stopped_at"] = time.time()
-                self._finish_unlocked(final, "stopped", abort["reason"], abort)
+                self._finish_unlocked(final, vocab.UnitState.STOPPED.value, abort["reason"], abort)
                 self.exit_now(final)
 
     def exit_now(self, code: int) -> NoReturn:
@@ -475,7 +475,7 @@ class Guard:
         self.wake.set()
 
     def _stop_requested(self) -> dict | None:
-        path = os.path.join(self.run_dir, "stop")
+        path = os.path.join(self.run_dir, vocab.STOP)
         if not os.path.exists(path):
             return None
         try:
@@ -483,30 +483,35 @@ class Guard:
                 why = fh.read().strip()
         except OSError:
             why = ""
-        return {"kind": "stopped", "host": self.unit["host"], "unit": None,
+        return {"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"], "unit": None,
                 "reason": why or "stopped on request (torchfleet stop)"}
 
     def _record_exit(self, code: int) -> None:
-        if not self.store.check([f"exit/{self.index}"]):
-            self.store.set(f"exit/{self.index}", str(code))
+        if not self.store.check([vocab.exit_key(self.index)]):
+            self.store.set(vocab.exit_key(self.index), str(code))
+
+    def _read_exits(self, exits: dict) -> None:
+        """Into ``exits``, every unit's exit code the store holds and ``exits`` lacks."""
+        for i in range(len(self.units)):
+            if i not in exits and self.store.check([vocab.exit_key(i)]):
+                exits[i] = int(self.store.get(vocab.exit_key(i)))
 
     def _host_checks(self, seen: dict, counters: dict, exits: dict) -> dict | None:
         now = time.monotonic()
+        self._read_exits(exits)
         for i in range(len(self.units)):
-            if i not in exits and self.store.check([f"exit/{i}"]):
-                exits[i] = int(self.store.get(f"exit/{i}"))
-            count = self.store.add(f"hb/{i}", 0)
+            count = self.store.add(vocab.heartbeat_key(i), 0)
             if count and count != counters.get(i):
                 counters[i], seen[i] = count, now
-        if job_state(self.units, exits, None, []) == "succeeded":
-            self.store.set("done", "1")
+        if vocab.job_state(self.units, exits, None, []) == vocab.RunState.SUCCEEDED:
+            self.store.set(vocab.DONE, "1")
         lost = lost_units(self.units, seen, set(exits) | {self.index}, now, self.node_timeout, self.started,
                           self.start_timeout)
-        self._write_job("running", None, exits, seen)
+        self._write_job(vocab.RunState.RUNNING.value, None, exits, seen)
         if lost:
             return self.set_abort(abort_for_lost(self.units, lost, self.node_timeout))
         if self.job_timeout and now - self.started > self.job_timeout:
-            return self.set_abort({"kind": "timeout", "host": self.unit["host"], "unit": None,
+            return self.set_abort({"kind": vocab.AbortKind.TIMEOUT.value, "host": self.unit["host"], "unit": None,
                                    "reason": f"the job ran past launch_timeout={self.job_timeout:g}s"})
         return None
 
@@ -516,16 +521,16 @@ class Guard:
         # When this guard learnt of the abort, apart from how long its unit then took to end.
         self.state.setdefault("abort_seen_at", time.time())
         code = self.child.poll()
-        own = abort.get("index") == self.index and abort["kind"] == "rank_failed"
+        own = abort.get("index") == self.index and abort["kind"] == vocab.AbortKind.RANK_FAILED
         final = self.stop_child() if code is None else exit_code(code)
         self.state["stopped_at"] = time.time()
         # Only the unit that caused the abort ended on its own account; any other was stopped
         # because of it, whether by this guard or by its own runner first (torchrun's agents
         # see a peer agent fail through their own store).
         if own:
-            state, why = "exited", None
+            state, why = vocab.UnitState.EXITED.value, None
         else:
-            state, why = "stopped", abort["reason"]
+            state, why = vocab.UnitState.STOPPED.value, abort["reason"]
         if not self.is_host:
             # On disk first: the store may be what is gone, and an op on it may block.
             self._finish_unlocked(final, state, why, abort)
@@ -534,9 +539,9 @@ class Guard:
             return final
         self._record_exit(final)
         # Said at once, so that an attached controller need not wait for the stragglers.
-        self._write_job(job_state(self.units, exits, abort, []), abort, exits, {})
+        self._write_job(vocab.job_state(self.units, exits, abort, []), abort, exits, {})
         self._await_others(exits)
-        self._write_job(job_state(self.units, exits, abort, []), abort, exits, {})
+        self._write_job(vocab.job_state(self.units, exits, abort, []), abort, exits, {})
         return self.finish(final, state, why, abort)
 
     def _await_others(self, exits: dict) -> None:
@@ -548,13 +553,11 @@ class Guard:
         moved: dict[int, float] = {}
         while time.monotonic() < deadline:
             now = time.monotonic()
+            self._read_exits(exits)
             for i in range(len(self.units)):
                 if i in exits:
                     continue
-                if self.store.check([f"exit/{i}"]):
-                    exits[i] = int(self.store.get(f"exit/{i}"))
-                    continue
-                count = self.store.add(f"hb/{i}", 0)
+                count = self.store.add(vocab.heartbeat_key(i), 0)
                 if count != counters.get(i):
                     counters[i], moved[i] = count, now
             waiting = [i for i in range(len(self.units)) if i not in exits
@@ -567,12 +570,10 @@ class Guard:
         # Services (sshd) stop once they see `done`; give them a moment to say so.
         deadline = time.monotonic() + self.grace + 2 * self.poll
         while len(exits) < len(self.units) and time.monotonic() < deadline:
-            for i in range(len(self.units)):
-                if i not in exits and self.store.check([f"exit/{i}"]):
-                    exits[i] = int(self.store.get(f"exit/{i}"))
+            self._read_exits(exits)
             time.sleep(self.poll)
-        self._write_job(job_state(self.units, exits, abort, []), abort, exits, {})
-        return self.finish(0, "exited")
+        self._write_job(vocab.job_state(self.units, exits, abort, []), abort, exits, {})
+        return self.finish(0, vocab.UnitState.EXITED.value)
 
     def finish(self, code: int, state: str, why: str | None = None, abort: dict | None = None) -> int:
         self.ending.acquire(blocking=False)
@@ -603,11 +604,11 @@ class Guard:
                 fh.write(text + "\n")
 
     def _write_state(self) -> None:
-        write_json(os.path.join(self.run_dir, f"guard-{self.index}.json"), self.state)
+        write_json(os.path.join(self.run_dir, vocab.guard_record(self.index)), self.state)
 
     def _write_job(self, state: str, abort: dict | None, exits: dict, seen: dict) -> None:
         now = time.monotonic()
-        write_json(os.path.join(self.run_dir, "job.json"), {
+        write_json(os.path.join(self.run_dir, vocab.JOB), {
             "run_id": self.config["run_id"], "job": self.config["job"], "state": state, "abort": abort,
             "updated_at": _now(), "elapsed_s": round(now - self.started, 1),
             "units": [{"name": u["name"], "host": u["host"], "role": u["role"], "exit_code": exits.get(i),

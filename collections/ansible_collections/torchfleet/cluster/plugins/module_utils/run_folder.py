@@ -13,14 +13,12 @@ import shutil
 import tarfile
 import time
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
 
 
 class PrepareError(Exception):
     """A run folder that cannot be made as asked (its message says why)."""
-
-
-FINAL = ("exited", "stopped")
 
 
 def _json(path):
@@ -42,46 +40,31 @@ def _tail(path, lines):
 
 
 def read_run(run_dir, tail_lines=0, with_spec=False):
-    config = _json(os.path.join(run_dir, "guard.json")) or {}
+    config = _json(os.path.join(run_dir, vocab.GUARD_CONFIG)) or {}
     units = {}
-    for path in glob.glob(os.path.join(run_dir, "guard-*.json")):
+    for path in glob.glob(os.path.join(run_dir, vocab.GUARD_RECORDS)):
         state = _json(path)
         if state is not None:
             units[int(state["unit"])] = state
-    job_path = os.path.join(run_dir, "job.json")
+    job_path = os.path.join(run_dir, vocab.JOB)
     info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": _json(job_path),
             # The store's host rewrites job.json every poll; an old one means that guard is gone.
             "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
-            "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, "stop")),
+            "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, vocab.STOP)),
             # A start cut short can leave the folder without its spec: attach, stop and
             # collect read the spec from a node that has it.
-            "has_spec": os.path.exists(os.path.join(run_dir, "spec.json")),
+            "has_spec": os.path.exists(os.path.join(run_dir, vocab.SPEC)),
             "started": os.path.getmtime(run_dir)}
-    info["state"] = summarize(info)
+    info["state"] = vocab.summarize(info)
     if with_spec:
-        info["spec"] = _json(os.path.join(run_dir, "spec.json"))
+        info["spec"] = _json(os.path.join(run_dir, vocab.SPEC))
     if tail_lines:
-        info["logs"] = {os.path.basename(p): _tail(p, tail_lines) for p in sorted(glob.glob(os.path.join(run_dir, "*.log")))}
+        info["logs"] = {os.path.basename(p): _tail(p, tail_lines) for p in sorted(glob.glob(os.path.join(run_dir, vocab.LOGS)))}
     return info
 
 
-def summarize(info):
-    """The run's state as this node sees it: the master's job.json where there is one."""
-    job = info["job_state"]
-    if job:
-        return job["state"]
-    states = [u["state"] for u in info["units"]]
-    if not states:
-        return "unknown"
-    if any(s not in FINAL for s in states):
-        return "running"
-    if any(u.get("abort") for u in info["units"]):
-        return "failed"
-    return "exited"
-
-
 def prune(runs_dir, runs, keep):
-    finished = [r for r in runs if r["state"] != "running"]
+    finished = [r for r in runs if r["state"] != vocab.RunState.RUNNING]
     # Run ids begin with their UTC start time, so name order is age order.
     doomed = finished[: max(0, len(finished) - max(keep, 0))]
     for r in doomed:

@@ -3,16 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import pwd
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
-from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find
-
 DOCUMENTATION = r"""
 module: node_probe
 short_description: One read-only look at a node for a launch
@@ -22,6 +12,7 @@ description:
     usable CPUs, addresses and routing tables (the controller looks up the route to
     MASTER_ADDR in them), and on request the paths it lacks, the ports that listen, and
     the runs of a job whose bare-process ranks still run.
+author: torchfleet developers (!UNKNOWN)
 options:
   facts:
     description:
@@ -58,23 +49,91 @@ options:
   uid:
     description: A uid whose account on the node comes back as I(account) (the mpirun mode's mesh uid must not be a login's).
     type: int
+  libraries:
+    description: Shared libraries (sonames) to look up with C(ldconfig -p), as LD_PRELOAD would find them (launch_malloc).
+    type: list
+    elements: str
+    default: []
+"""
+
+EXAMPLES = r"""
+- name: Read the node for a launch, in one call
+  torchfleet.cluster.node_probe:
+    facts: true
+    topology: true
+    python: /opt/torchfleet/venv/bin/python
+    ports: [29500]
+    run_root: /var/lib/torchfleet/runs
+    job: mnist
+  register: probe
 """
 
 RETURN = r"""
-nproc: {description: The CPUs this node lets the probe use (as nproc counts them)., returned: always, type: int}
-ip_addr: {description: C(ip -j addr show)'s output., returned: always, type: str}
+nproc:
+  description: The CPUs this node lets the probe use (as nproc counts them).
+  returned: always
+  type: int
+ip_addr:
+  description: C(ip -j addr show)'s output.
+  returned: always
+  type: str
 routes:
   description: Every IPv4 and IPv6 route of every table (C(ip -j route show table all)), for torchfleet.netif.route_device.
   returned: always
   type: list
-topology: {description: lscpu's table and the node's allowed CPUs and memory nodes, as cpu_topology returns them., returned: with topology, type: dict}
-python_ok: {description: Whether I(python) is an executable file., returned: with python, type: bool}
-missing: {description: The I(paths) that do not exist., returned: always, type: list}
-listening: {description: The I(ports) that a socket listens on., returned: always, type: list}
-running_runs: {description: The runs of I(job) with a rank that still runs., returned: always, type: list}
-sha256: {description: I(checksum)'s SHA-256, or null., returned: with checksum, type: str}
-account: {description: I(uid)'s passwd fields on the node (name, password, uid, gid, gecos, home, shell), or null., returned: with uid, type: list}
+topology:
+  description: lscpu's table and the node's allowed CPUs and memory nodes, as M(torchfleet.cluster.cpu_topology) returns them.
+  returned: with topology
+  type: dict
+python_ok:
+  description: Whether I(python) is an executable file.
+  returned: with python
+  type: bool
+missing:
+  description: The I(paths) that do not exist.
+  returned: always
+  type: list
+  elements: str
+listening:
+  description: The I(ports) that a socket listens on.
+  returned: always
+  type: list
+  elements: int
+running_runs:
+  description: The runs of I(job) with a rank that still runs; empty without I(run_root) and I(job).
+  returned: always
+  type: list
+  elements: str
+sha256:
+  description: I(checksum)'s SHA-256, or null.
+  returned: with checksum
+  type: str
+account:
+  description: I(uid)'s passwd fields on the node (name, password, uid, gid, gecos, home, shell), or null.
+  returned: with uid
+  type: list
+libraries:
+  description: Each of I(libraries) with its path, or null where the loader has none; C(error) where ldconfig failed.
+  returned: with libraries
+  type: dict
+identity:
+  description:
+    - Which machine this is (torchfleet.hosts.identity_key), so that two inventory hosts that reach one are refused.
+    - C(boot_id), C(machine_id) (empty where the node has none) and C(netns), the inode of the network namespace.
+  returned: always
+  type: dict
 """
+
+import hashlib
+import json
+import os
+import pwd
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
+from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find
 
 _LISTEN = "0A"
 
@@ -142,6 +201,17 @@ def account(uid):
             entry.pw_shell]
 
 
+def identity():
+    """The node's boot id, machine-id and network namespace: two names for one machine share
+    all three, two containers on one kernel only the boot id (and maybe the machine-id)."""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return {"boot_id": _read("/proc/sys/kernel/random/boot_id").strip(),
+            "machine_id": _read("/etc/machine-id").strip(), "netns": netns}
+
+
 def _read(path):
     try:
         with open(path) as fh:
@@ -162,23 +232,24 @@ def main():
             "job": {"type": "str"},
             "checksum": {"type": "path"},
             "uid": {"type": "int"},
+            "libraries": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     p = module.params
-    result = {"changed": False, "nproc": len(os.sched_getaffinity(0)),
+    result = {"changed": False, "nproc": len(os.sched_getaffinity(0)), "identity": identity(),
               "missing": [path for path in p["paths"] if not os.path.exists(path)], "listening": []}
     if p["ports"]:
         result["listening"] = sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))
-    _, addr, _ = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
+    _rc, addr, _err = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
     result["ip_addr"] = addr
     result["routes"] = []
     for family in (4, 6):
         # A node without IPv6 has no table to show: that family has no routes, not an error.
-        rc, out, _ = module.run_command(["ip", "-j", f"-{family}", "route", "show", "table", "all"])
+        rc, out, _err = module.run_command(["ip", "-j", f"-{family}", "route", "show", "table", "all"])
         result["routes"] += [route_fields(r, family) for r in json.loads(out or "[]") if routable(r)] if rc == 0 else []
     if p["facts"]:
-        rc, out, _ = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
+        rc, out, _err = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
         result["ansible_facts"] = {"ansible_all_ipv4_addresses": ipv4_addresses(addr),
                                    "ansible_default_ipv4": default_ipv4(out) if rc == 0 else {}}
     if p["topology"]:
@@ -189,6 +260,11 @@ def main():
         result["sha256"] = sha256(p["checksum"])
     if p["uid"] is not None:
         result["account"] = account(p["uid"])
+    if p["libraries"]:
+        ldconfig = module.get_bin_path("ldconfig", opt_dirs=["/sbin", "/usr/sbin"])
+        rc, out, err = module.run_command([ldconfig, "-p"]) if ldconfig else (1, "", "ldconfig not found")
+        result["libraries"] = loader_libraries.answer(p["libraries"], loader_libraries.parse(out),
+                                                      None if rc == 0 else err.strip() or f"exit {rc}")
     result["running_runs"] = sorted({e["run"] for e in find(module, p["run_root"], True, p["job"]) if e["running"]}) \
         if p["run_root"] and p["job"] and os.path.isdir(p["run_root"]) else []
     module.exit_json(**result)

@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: rank_containers
 short_description: Status, stop and removal of a run's rank containers on a node
@@ -53,14 +46,20 @@ options:
     type: str
   image_uid:
     description:
-      - With I(image), a uid whose account in the image comes back as C(image_account):
+      - With I(image), a uid whose account in the image comes back as C(image_account), from
         getent in a throwaway container with no network. The mpirun mode runs sshd and its
         ranks as that uid.
     type: int
+  image_libraries:
+    description:
+      - With I(image), shared libraries (sonames) to look up in the image with C(ldconfig -p),
+        as LD_PRELOAD would find them there (launch_malloc); they come back as C(libraries).
+    type: list
+    elements: str
   cache_dir:
     description:
-      - With I(image_uid), where the answer is kept per image ID and uid, so a launch starts
-        that container once per image rather than on every launch.
+      - With I(image_uid) or I(image_libraries), where the answer is kept per image ID, so a
+        launch starts that container once per image rather than on every launch.
     type: path
   keep_answer:
     description:
@@ -73,6 +72,21 @@ options:
     description: The docker command.
     type: str
     default: docker
+author: torchfleet developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Read the state of a run's rank containers
+  torchfleet.cluster.rank_containers:
+    labels: {torchfleet.run: mnist-20260101-120000}
+  register: ranks
+
+- name: Stop and remove them, keeping each rank's log
+  torchfleet.cluster.rank_containers:
+    labels: {torchfleet.run: mnist-20260101-120000}
+    state: absent
+    wait_s: 10
+    log_dir: /var/lib/torchfleet/runs/mnist-20260101-120000
 """
 
 RETURN = r"""
@@ -93,11 +107,26 @@ image_account:
       if it could not answer).
   returned: when image_uid is set and the node has the image
   type: dict
+libraries:
+  description:
+    - With I(image_libraries), where the node has the image, each library with its path in
+      the image, or null where the image has none; C(error) where ldconfig could not answer.
+  returned: when image_libraries is set and the node has the image
+  type: dict
 """
+
+import json
+import os
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
 
 # The part of each rank's environment worth keeping in the run report.
 REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|"
-                          r"OMP_NUM_THREADS|GLOO_\w+|SGX_\w+|TORCHFLEET_\w+|http_proxy|https_proxy|no_proxy)=")
+                          r"OMP_NUM_THREADS|LD_PRELOAD|MALLOC_CONF|GLOO_\w+|SGX_\w+|TORCHFLEET_\w+|http_proxy|https_proxy|no_proxy)=")
 FRACTION = re.compile(r"^(\S+?T\d\d:\d\d:\d\d)(?:\.(\d+))?Z (.*)$")
 
 
@@ -144,11 +173,11 @@ def find(module):
     for key, value in sorted(module.params["labels"].items()):
         # An empty value matches any container that has the label at all.
         filters += ["--filter", f"label={key}={value}" if value not in (None, "") else f"label={key}"]
-    _, out, _ = _cli(module, "ps", "--all", "--quiet", "--no-trunc", *filters)
+    _rc, out, _err = _cli(module, "ps", "--all", "--quiet", "--no-trunc", *filters)
     ids = out.split()
     if not ids:
         return []
-    _, out, _ = _cli(module, "inspect", *ids)
+    _rc, out, _err = _cli(module, "inspect", *ids)
     found = []
     for item in json.loads(out):
         labels = item["Config"].get("Labels") or {}
@@ -215,6 +244,28 @@ def image_account(module, image_id, uid, cache_dir, keep=True):
     return answer
 
 
+def image_libraries(module, image_id, names, cache_dir, keep=True):
+    """Each of ``names`` with its path in the image ``image_id`` (None where it has none),
+    from ldconfig in a container with no network. The image's whole listing is kept in
+    ``cache_dir``, as image_account's answer is."""
+    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-ldconfig.json") if cache_dir else None
+    if cached and os.path.exists(cached):
+        with open(cached) as fh:
+            return loader_libraries.answer(names, json.load(fh))
+    rc, out, err = _cli(module, "run", "--rm", "--network", "none", "--entrypoint", "ldconfig", image_id, "-p",
+                        check=False)
+    if rc != 0:
+        return loader_libraries.answer(names, {}, err.strip() or out.strip() or f"exit {rc}")
+    listing = loader_libraries.parse(out)
+    if cached and keep:
+        os.makedirs(cache_dir, exist_ok=True)
+        part = f"{cached}.{os.getpid()}"
+        with open(part, "w") as fh:
+            json.dump(listing, fh)
+        os.replace(part, cached)
+    return loader_libraries.answer(names, listing)
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -227,6 +278,7 @@ def main():
             "log_root": {"type": "path"},
             "image": {"type": "str"},
             "image_uid": {"type": "int"},
+            "image_libraries": {"type": "list", "elements": "str"},
             "cache_dir": {"type": "path"},
             "keep_answer": {"type": "bool", "default": True},
             "docker_cli": {"type": "str", "default": "docker"},
@@ -244,6 +296,9 @@ def main():
         if images.get("images") and module.params["image_uid"] is not None:
             images["image_account"] = image_account(module, images["images"][0]["Id"], module.params["image_uid"],
                                                     module.params["cache_dir"], module.params["keep_answer"])
+        if images.get("images") and module.params["image_libraries"]:
+            images["libraries"] = image_libraries(module, images["images"][0]["Id"], module.params["image_libraries"],
+                                                  module.params["cache_dir"], module.params["keep_answer"])
         module.exit_json(changed=False, containers=containers, **images)
 
     if module.params["exited_only"]:

@@ -3,17 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import shlex
-import signal
-import subprocess
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
-from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, write_whole
-
 DOCUMENTATION = r"""
 module: rank_processes
 short_description: Bare-process ranks, supervised by systemd or by pid files
@@ -28,7 +17,18 @@ description:
   - With I(run), I(state=started) first makes the run's folder as run_state's
     I(state=present) does (the workload, pruning, the files), so that a process-mode
     node's start is one call. I(run)'s files and workload stay out of the result.
+author: torchfleet developers (!UNKNOWN)
+notes:
+  - The rank_processes action plugin runs this module. It takes I(role) for itself, and
+    sends the workload that C(run.workload) names on the controller along with the call,
+    as M(torchfleet.cluster.run_state)'s action does.
 options:
+  role:
+    description:
+      - The launch role's folder, read by the action. The host's variables are checked against
+        its argument spec first, as M(torchfleet.cluster.run_state)'s I(role); nothing runs on
+        the node if they fail.
+    type: path
   run_dir:
     description: The run's folder on the node; with I(state=absent), every run under it when I(recurse).
     type: path
@@ -47,6 +47,8 @@ options:
     description:
       - For I(state=started), the run's folder to make first; run_state's options
         C(node_dir), C(run_id), C(files), C(keep), C(owner), C(group) and C(workload).
+      - C(workload) is given as to M(torchfleet.cluster.run_state) (C(archive), C(dest), C(keep)
+        and C(inline_max)); the action sends the tar.
     type: dict
   secret_env:
     description:
@@ -67,13 +69,36 @@ options:
     type: float
     default: 0
   grace_s:
-    description: With I(state=absent), seconds between SIGTERM and SIGKILL.
+    description:
+      - With I(state=absent), seconds between SIGTERM and SIGKILL; required there. The run's own
+        grace (its spec's C(guard.stop_grace)), or launch_stop_grace for C(torchfleet down).
     type: float
-    default: 10
   tail_lines:
     description: How many log lines to return for a process that exited non-zero.
     type: int
     default: 15
+"""
+
+EXAMPLES = r"""
+- name: Start the node's ranks as bare processes, in the run's new folder
+  torchfleet.cluster.rank_processes:
+    run_dir: /var/lib/torchfleet/runs/mnist-20260101-120000
+    state: started
+    ranks:
+      - {rank: 0, name: rank-0, argv: [/opt/torchfleet/venv/bin/python, mnist.py], env: {RANK: "0", WORLD_SIZE: "2"}}
+    run:
+      node_dir: /var/lib/torchfleet
+      run_id: mnist-20260101-120000
+      workload:
+        archive: .torchfleet/workloads/mnist.tar
+        dest: /var/lib/torchfleet/workloads/mnist
+        keep: /var/lib/torchfleet/workloads/mnist.tar
+
+- name: Stop them, giving each 10 seconds after SIGTERM
+  torchfleet.cluster.rank_processes:
+    run_dir: /var/lib/torchfleet/runs/mnist-20260101-120000
+    state: absent
+    grace_s: 10
 """
 
 RETURN = r"""
@@ -83,6 +108,17 @@ containers:
   type: list
   elements: dict
 """
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, write_whole
 
 
 def _tail(path, lines):
@@ -130,7 +166,8 @@ def start(module, run_dir, entry, secret_env=None):
         write_whole(base + ".unit", unit + "\n")
         return
     # Without systemd: its own session, so nothing ties it to Ansible's connection, and
-    # the shell leads a process group that stop() kills whole.
+    # the shell leads a process group that stop() kills whole. Popen, since run_command
+    # waits for its child to end (tests/sanity/ignore-2.19.txt).
     proc = subprocess.Popen(shell, cwd=cwd, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     write_whole(base + ".pid", f"{proc.pid}\n")
@@ -160,8 +197,9 @@ def main():
             "job": {"type": "str"},
             "tail_lines": {"type": "int", "default": 15},
             "wait_s": {"type": "float", "default": 0},
-            "grace_s": {"type": "float", "default": 10},
+            "grace_s": {"type": "float"},
         },
+        required_if=[("state", "absent", ["grace_s"])],
         supports_check_mode=False,
     )
     run_dir, state = module.params["run_dir"], module.params["state"]

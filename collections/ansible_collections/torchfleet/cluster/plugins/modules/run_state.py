@@ -3,20 +3,6 @@
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
-    PrepareError,
-    prepare,
-    read_run,
-    write_whole,
-)
-
 DOCUMENTATION = r"""
 module: run_state
 short_description: The runs in a node's run folders, as their guards record them
@@ -33,24 +19,80 @@ description:
   - The run_state action sends the workload's tar with the call, or ahead of it when it is
     large; I(files) and I(workload) are left out of the result's C(invocation), which would
     otherwise bring every node's copy of the spec and the guard back to the controller.
+author: torchfleet developers (!UNKNOWN)
+notes:
+  - The run_state action plugin runs this module. It takes I(role) for itself, and turns
+    I(workload) as given on the controller into what the module takes on the node.
 options:
-  node_dir: {description: torchfleet's folder on the node (launch_node_dir)., type: path, required: true}
-  run_id: {description: One run; every run when unset., type: str}
-  state: {description: What to do., type: str, choices: [info, stopped, present], default: info}
-  files: {description: With I(state=present), file name to content; names have no folder part., type: dict, default: {}}
+  role:
+    description:
+      - The launch role's folder, read by the action. The host's variables are checked against
+        its argument spec first, as Ansible's own check would; nothing runs on the node if they
+        fail. The playbooks that pass it (run.yml, down.yml) include the role with
+        C(rolespec_validate=false), since that check is a task per node.
+    type: path
+  node_dir:
+    description: torchfleet's folder on the node (launch_node_dir).
+    type: path
+    required: true
+  run_id:
+    description: One run; every run when unset. Required with I(state=present).
+    type: str
+  state:
+    description: What to do.
+    type: str
+    choices: [info, stopped, present]
+    default: info
+  files:
+    description: With I(state=present), file name to content; names have no folder part.
+    type: dict
+    default: {}
   workload:
     description:
-      - With I(state=present), the workload to install first, as the run_state action passes
-        it; C(dest) (its folder), C(keep) (where its tar is kept), and the tar as C(data)
-        (base64) or C(src) (a path on the node).
-      - On the controller (the action) it is C(archive), C(dest), C(keep) and C(inline_max).
+      - With I(state=present), the workload to install before the run's folder is made. The
+        action sends the tar inside the module's call up to I(inline_max) bytes, a larger one
+        ahead of it into the task's temporary folder.
+      - The module itself takes C(dest), C(keep), and the tar as C(data) (base64) or C(src) (a
+        path on the node), as the action passes them.
     type: dict
-  owner: {description: With I(state=present), the uid that owns the run's folder., type: int}
-  group: {description: With I(state=present), the gid that owns the run's folder., type: int}
-  reason: {description: With I(state=stopped), why; each stopped unit records it., type: str}
-  keep: {description: With I(state=present), how many finished runs to keep besides it., type: int, default: 10}
-  tail_lines: {description: Log lines to return per unit with I(run_id)., type: int, default: 0}
-  spec: {description: With I(run_id), also return the run's spec.json., type: bool, default: false}
+    suboptions:
+      archive:
+        description: The tar on the controller (M(torchfleet.cluster.workload_pack)'s I(archive)).
+        type: path
+        required: true
+      dest:
+        description: The workload's folder on the node, replaced whole.
+        type: path
+        required: true
+      keep:
+        description: Where the node keeps the tar (its checksum decides the next send).
+        type: path
+        required: true
+      inline_max:
+        description: The largest tar sent inside the call, in bytes.
+        type: int
+        default: 1048576
+  owner:
+    description: With I(state=present), the uid that owns the run's folder.
+    type: int
+  group:
+    description: With I(state=present), the gid that owns the run's folder.
+    type: int
+  reason:
+    description: With I(state=stopped), why; each stopped unit records it.
+    type: str
+  keep:
+    description: With I(state=present), how many finished runs to keep besides it.
+    type: int
+    default: 10
+  tail_lines:
+    description: Log lines to return per unit with I(run_id).
+    type: int
+    default: 0
+  spec:
+    description: With I(run_id), also return the run's C(spec.json).
+    type: bool
+    default: false
   wait:
     description:
       - With I(run_id) and I(state=info), seconds to wait on the node for the run to end before
@@ -58,12 +100,92 @@ options:
         then makes one call per progress line, not one per poll.
     type: float
     default: 0
-  poll: {description: Seconds between the reads of C(job.json) while waiting., type: float, default: 0.5}
+  poll:
+    description: Seconds between the reads of C(job.json) while waiting.
+    type: float
+    default: 0.5
 """
+
+EXAMPLES = r"""
+- name: Read one run on the node, with each log's last line
+  torchfleet.cluster.run_state:
+    node_dir: /var/lib/torchfleet
+    run_id: mnist-20260101-120000
+    tail_lines: 1
+  register: run
+
+- name: Stop every running run on the node
+  torchfleet.cluster.run_state:
+    node_dir: /var/lib/torchfleet
+    state: stopped
+    reason: stopped for maintenance
+
+- name: Make the run's folder, sending the workload when it changed
+  torchfleet.cluster.run_state:
+    node_dir: /var/lib/torchfleet
+    run_id: mnist-20260101-120000
+    state: present
+    files:
+      spec.json: "{{ launch__spec.common_files['spec.json'] }}"
+    workload:
+      archive: .torchfleet/workloads/mnist.tar
+      dest: /var/lib/torchfleet/workloads/mnist
+      keep: /var/lib/torchfleet/workloads/mnist.tar
+"""
+
+RETURN = r"""
+found:
+  description: With I(run_id), whether the node has that run.
+  returned: with run_id, unless state=present
+  type: bool
+run:
+  description: With I(run_id), the run as its guards record it (C(job_state), C(units), C(logs), C(stop_requested), ...); null when not found.
+  returned: with run_id, unless state=present
+  type: dict
+runs:
+  description: Without I(run_id), every run on the node, as I(run).
+  returned: with state=info and no run_id
+  type: list
+  elements: dict
+stopped:
+  description: Without I(run_id), the runs asked to stop.
+  returned: with state=stopped and no run_id
+  type: list
+  elements: str
+removed:
+  description: The finished runs pruned.
+  returned: with state=present, outside check mode
+  type: list
+  elements: str
+written:
+  description: The files written into the run's folder (those whose content changed).
+  returned: with state=present, outside check mode
+  type: list
+  elements: str
+workload:
+  description: The workload folder replaced, or null.
+  returned: with state=present, outside check mode
+  type: str
+"""
+
+import glob
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
+    PrepareError,
+    prepare,
+    read_run,
+    write_whole,
+)
 
 
 def request_stop(run_dir, reason):
-    write_whole(os.path.join(run_dir, "stop"), (reason or "stopped on request (torchfleet stop)") + "\n")
+    write_whole(os.path.join(run_dir, vocab.STOP), (reason or "stopped on request (torchfleet stop)") + "\n")
 
 
 def wait_for_end(run_dir, wait, poll):
@@ -72,8 +194,8 @@ def wait_for_end(run_dir, wait, poll):
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
-            with open(os.path.join(run_dir, "job.json")) as fh:
-                if json.load(fh).get("state") != "running":
+            with open(os.path.join(run_dir, vocab.JOB)) as fh:
+                if json.load(fh).get("state") != vocab.RunState.RUNNING:
                     return
         except (OSError, ValueError):
             pass  # not written yet, or being replaced
@@ -117,9 +239,8 @@ def main():
         if not os.path.isdir(run_dir):
             module.exit_json(changed=False, found=False, run=None)
         if p["state"] == "stopped":
-            stop_file = os.path.join(run_dir, "stop")
             info = read_run(run_dir)
-            changed = info["state"] == "running" and not os.path.exists(stop_file)
+            changed = info["state"] == vocab.RunState.RUNNING and not info["stop_requested"]
             if changed and not module.check_mode:
                 request_stop(run_dir, p["reason"])
             module.exit_json(changed=changed, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"]))
@@ -127,7 +248,7 @@ def main():
 
     runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
     if p["state"] == "stopped":
-        asked = [r["run_id"] for r in runs if r["state"] == "running" and not r["stop_requested"]]
+        asked = [r["run_id"] for r in runs if r["state"] == vocab.RunState.RUNNING and not r["stop_requested"]]
         if not module.check_mode:
             for run_id in asked:
                 request_stop(os.path.join(runs_dir, run_id), p["reason"])
