@@ -91,8 +91,9 @@ def worker(args: argparse.Namespace) -> None:
               "affinity": cpus.format_cpulist(affinity) if cpus else ",".join(map(str, affinity)),
               "threads": torch.get_num_threads(), "preload": os.environ.get("LD_PRELOAD", "")}
     Path(args.out, f"{os.getpid()}.json").write_text(json.dumps(result))
-    # A launched worker's result reaches the bench through its rank's log.
-    print(f"bench-result {json.dumps(result)}", flush=True)
+    if os.environ.get("TORCHFLEET_RUN_ID"):
+        # A launched worker's result reaches the bench through its rank's log.
+        print(f"bench-result {json.dumps(result)}", flush=True)
 
 
 def node_plan(ranks: int) -> list[dict]:
