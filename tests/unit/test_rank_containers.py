@@ -107,3 +107,20 @@ def test_a_plan_reads_a_kept_answer_but_keeps_none(tmp_path, capsys):
     kept = _account(tmp_path, capsys, found)["image_account"]
     assert _account(tmp_path, capsys, "exit 99", keep_answer=False)["image_account"] == kept == asked
     assert len((tmp_path / "runs").read_text().splitlines()) == 2
+
+
+def test_the_images_libraries_are_asked_once_per_image_id_and_a_failed_run_is_not_kept(tmp_path, capsys):
+    listing = r"printf '\tlibtcmalloc.so.4 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libtcmalloc.so.4\n'"
+    first = _account(tmp_path, capsys, listing, image_uid=None, image_libraries=["libtcmalloc.so.4", "libjemalloc.so.2"])
+    assert first["libraries"] == {"libtcmalloc.so.4": "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+                                  "libjemalloc.so.2": None}
+    assert (tmp_path / "runs").read_text().split() == ["run", "--rm", "--network", "none", "--entrypoint", "ldconfig",
+                                                       "sha256:abc", "-p"]
+    again = _account(tmp_path, capsys, "exit 99", image_uid=None, image_libraries=["libjemalloc.so.2"])
+    assert again["libraries"] == {"libjemalloc.so.2": None}
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+    (tmp_path / "cache").rename(tmp_path / "old-cache")
+    broken = _account(tmp_path, capsys, "echo 'exec: ldconfig: not found' >&2; exit 127", image_uid=None,
+                      image_libraries=["libtcmalloc.so.4"])["libraries"]
+    assert broken == {"libtcmalloc.so.4": None, "error": "exec: ldconfig: not found"}
+    assert not (tmp_path / "cache").exists()

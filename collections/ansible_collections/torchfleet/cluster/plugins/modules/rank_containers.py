@@ -220,22 +220,19 @@ def image_info(module, name):
     return [{"Id": i["Id"], "RepoTags": i.get("RepoTags") or []} for i in json.loads(out)]
 
 
-def image_account(module, image_id, uid, cache_dir, keep=True):
-    """``{entry, error}``: ``uid``'s passwd fields in the image ``image_id`` (None where it has
-    no such account), from getent in a container with no network. An image ID names the
-    image's content, so its answer is kept in ``cache_dir`` (unless not ``keep``) and never
-    asked again."""
-    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-{uid}.json") if cache_dir else None
+def _asked_once(module, image_id, name, cache_dir, keep, argv, read):
+    """What ``argv`` answers in a throwaway container of the image ``image_id`` with no
+    network, as ``read(rc, out, err)`` makes it: ``(answer, final)``. An image ID names the
+    image's content, so a final answer is kept in ``cache_dir`` (``<id>-<name>.json``, unless
+    not ``keep``) and never asked again."""
+    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-{name}.json") if cache_dir else None
     if cached and os.path.exists(cached):
         with open(cached) as fh:
             return json.load(fh)
-    rc, out, err = _cli(module, "run", "--rm", "--network", "none", "--entrypoint", "getent", image_id,
-                        "passwd", str(uid), check=False)
-    # getent exits 2 for a key it does not find: an answer, and kept like a found one.
-    if rc not in (0, 2):
-        return {"entry": None, "error": (err.strip() or out.strip() or f"exit {rc}")}
-    answer = {"entry": out.strip().split(":") if rc == 0 and out.strip() else None, "error": None}
-    if cached and keep:
+    rc, out, err = _cli(module, "run", "--rm", "--network", "none", "--entrypoint", argv[0], image_id, *argv[1:],
+                        check=False)
+    answer, final = read(rc, out, err)
+    if final and cached and keep:
         os.makedirs(cache_dir, exist_ok=True)
         part = f"{cached}.{os.getpid()}"
         with open(part, "w") as fh:
@@ -244,26 +241,32 @@ def image_account(module, image_id, uid, cache_dir, keep=True):
     return answer
 
 
+def _failure(rc, out, err):
+    return err.strip() or out.strip() or f"exit {rc}"
+
+
+def image_account(module, image_id, uid, cache_dir, keep=True):
+    """``{entry, error}``: ``uid``'s passwd fields in the image ``image_id`` (None where it has
+    no such account), from getent, asked once per image (_asked_once)."""
+    def read(rc, out, err):
+        # getent exits 2 for a key it does not find: an answer, and kept like a found one.
+        if rc not in (0, 2):
+            return {"entry": None, "error": _failure(rc, out, err)}, False
+        return {"entry": out.strip().split(":") if rc == 0 and out.strip() else None, "error": None}, True
+
+    return _asked_once(module, image_id, str(uid), cache_dir, keep, ["getent", "passwd", str(uid)], read)
+
+
 def image_libraries(module, image_id, names, cache_dir, keep=True):
     """Each of ``names`` with its path in the image ``image_id`` (None where it has none),
-    from ldconfig in a container with no network. The image's whole listing is kept in
-    ``cache_dir``, as image_account's answer is."""
-    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-ldconfig.json") if cache_dir else None
-    if cached and os.path.exists(cached):
-        with open(cached) as fh:
-            return loader_libraries.answer(names, json.load(fh))
-    rc, out, err = _cli(module, "run", "--rm", "--network", "none", "--entrypoint", "ldconfig", image_id, "-p",
-                        check=False)
-    if rc != 0:
-        return loader_libraries.answer(names, {}, err.strip() or out.strip() or f"exit {rc}")
-    listing = loader_libraries.parse(out)
-    if cached and keep:
-        os.makedirs(cache_dir, exist_ok=True)
-        part = f"{cached}.{os.getpid()}"
-        with open(part, "w") as fh:
-            json.dump(listing, fh)
-        os.replace(part, cached)
-    return loader_libraries.answer(names, listing)
+    from ldconfig; the image's whole listing is asked once per image (_asked_once)."""
+    def read(rc, out, err):
+        if rc != 0:
+            return {"error": _failure(rc, out, err)}, False
+        return {"listing": loader_libraries.parse(out)}, True
+
+    got = _asked_once(module, image_id, "ldconfig-listing", cache_dir, keep, ["ldconfig", "-p"], read)
+    return loader_libraries.answer(names, got.get("listing") or {}, got.get("error"))
 
 
 def main():
