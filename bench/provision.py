@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from torchfleet.report import parse_steps, parse_time
+from torchfleet.vocab import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ def launch_to_first_step(inv: list[str], *extra: str) -> tuple[float, float]:
     total = playbook("playbooks/launch.yml", *inv, "-e", '{"launch_args": ["--epoch", "1"]}', *extra,
                      env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "ANSIBLE_NOCOLOR": "1"})
     runs = sorted((STATE / "bench" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    return total, (first_step((runs[-1] / "rank-0.log").read_text()) - start).total_seconds()
+    return total, (first_step((runs[-1] / run_vocab.rank_log(0)).read_text()) - start).total_seconds()
 
 
 def slowest_tasks(output: str, count: int = 8) -> list[str]:

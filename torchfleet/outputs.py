@@ -24,14 +24,12 @@ VARIABLE = "launch_collect_out_max_mb"
 MB = 1 << 20
 # launch_collect_out_max_mb's bound: a TiB per node.
 MAX_MB = 1 << 20
-# The run folder's files that torchfleet writes whatever the mode: the spec, the guard, the
-# run's vocabulary it imports (and Python's cache of it, a folder) and its config, the
+# The run folder's files that torchfleet writes whatever the mode: the spec, the guard with
+# the modules it imports (and Python's cache of them, a folder) and its config, the
 # mpirun environment files (one of them secret), the stop request and the run's state (on
 # the master).
-OWN = (vocab.SPEC, vocab.GUARD_SOURCE, vocab.VOCAB_SOURCE, "__pycache__", vocab.GUARD_CONFIG, "node.env",
+OWN = (vocab.SPEC, *vocab.GUARD_SOURCES, "__pycache__", vocab.GUARD_CONFIG, "node.env",
        vocab.SECRET_ENV, vocab.STOP, vocab.JOB)
-# A bare-process unit's files beside its log (module rank_processes).
-PROCESS_SUFFIXES = (".log", ".meta", ".pid", ".exit", ".unit", ".stopped", ".secret")
 
 
 def own_files(spec: Mapping[str, Any], host: str) -> list[str]:
@@ -44,9 +42,9 @@ def own_files(spec: Mapping[str, Any], host: str) -> list[str]:
         if unit["host"] != host:
             continue
         if unit.get("kind") == "process":
-            names |= {unit["name"] + suffix for suffix in PROCESS_SUFFIXES}
+            names |= {vocab.process_file(unit["name"], kind) for kind in vocab.ProcessFile}
         ranks = unit.get("ranks") or []
-        names.add(f"rank-{ranks[0]}.log" if unit["role"] == "rank" and ranks else f"{unit['role']}.log")
+        names.add(vocab.unit_log(unit["role"], ranks[0] if ranks else None))
         beat = (unit.get("env") or {}).get("TORCHFLEET_HEARTBEAT")
         if beat:
             names.add(posixpath.basename(beat))

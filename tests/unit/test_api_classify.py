@@ -2,7 +2,8 @@
 
 import pytest
 
-from torchfleet.api import Cluster, PlaybookResult, _Collector
+from torchfleet.api import Cluster, PlaybookResult
+from torchfleet.events import Collector
 from torchfleet.errors import InventoryError, TaskFailed
 
 
@@ -22,7 +23,7 @@ ARGSPEC = {"msg": "Validation of arguments failed:\nvalue of launch_mode must be
 @pytest.mark.parametrize("path", ["/p/roles/cpu_pinning/tasks/main.yml:12", "/p/roles/launch/tasks/renamed.yml:3",
                                   "/elsewhere/anything.yml:1"])
 def test_a_typed_input_failure_is_input_wherever_its_task_lives(path):
-    collector = _Collector(None)
+    collector = Collector(None)
     collector(failed(TYPED, path))
     failure = collector.failures[0]
     assert (failure.kind, failure.host, failure.variable) == ("input", "node-2", "cpu_pinning_cpusets")
@@ -34,7 +35,7 @@ def test_a_typed_input_failure_is_input_wherever_its_task_lives(path):
 @pytest.mark.parametrize("path", ["/p/roles/launch/tasks/validate.yml:3", "/p/roles/launch/tasks/preflight.yml:9",
                                   "/p/roles/cpu_pinning/tasks/main.yml:12", "/p/roles/launch/tasks/plan.yml:1"])
 def test_an_untyped_failure_is_a_nodes_even_in_a_file_once_called_validate(path):
-    collector = _Collector(None)
+    collector = Collector(None)
     collector(failed(UNTYPED, path, action="ansible.builtin.assert"))
     assert collector.failures[0].kind == "node"
     with pytest.raises(TaskFailed) as info:
@@ -43,7 +44,7 @@ def test_an_untyped_failure_is_a_nodes_even_in_a_file_once_called_validate(path)
 
 
 def test_an_argument_spec_failure_is_input_and_names_the_variable():
-    collector = _Collector(None)
+    collector = Collector(None)
     collector(failed(ARGSPEC, "/p/roles/launch/tasks/x.yml:1", action="ansible.builtin.validate_argument_spec"))
     assert collector.failures[0].kind == "input" and collector.failures[0].variable == "launch_mode"
 
@@ -51,7 +52,7 @@ def test_an_argument_spec_failure_is_input_and_names_the_variable():
 def test_a_loop_is_reported_by_its_failed_item():
     ok = {"changed": False, "item": {"name": "launch_poll_interval"}}
     bad = dict(TYPED, failed=True, item={"name": "cpu_pinning_cpusets"})
-    collector = _Collector(None)
+    collector = Collector(None)
     collector(failed({"msg": "One or more items failed", "results": [ok, bad]}, "/p/x.yml:1",
                      action="torchfleet.cluster.check_input"))
     failure = collector.failures[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchfleet import api
+from torchfleet import api, runner
 
 TOKEN = "tfleak-unit-7c1e55a0"
 
@@ -173,15 +173,15 @@ def _dead_pid():
 def test_only_folders_of_processes_that_are_gone_are_removed(tmp_path):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        live = f"torchfleet-runner-{sleeper.pid}-{api._process_start(sleeper.pid)}-abc"
-        mine = f"torchfleet-runner-{os.getpid()}-{api._process_start(os.getpid())}-def"
-        dead = f"torchfleet-runner-{_dead_pid()}-{api._process_start(os.getpid())}-ghi"
+        live = f"torchfleet-runner-{sleeper.pid}-{runner.process_start(sleeper.pid)}-abc"
+        mine = f"torchfleet-runner-{os.getpid()}-{runner.process_start(os.getpid())}-def"
+        dead = f"torchfleet-runner-{_dead_pid()}-{runner.process_start(os.getpid())}-ghi"
         # The pid runs, but it is another process than the one that made the folder.
         reused = f"torchfleet-runner-{sleeper.pid}-1-jkl"
         other = "torchfleet-runner-notapid"
         for name in (live, mine, dead, reused, other):
             (tmp_path / name / "env").mkdir(parents=True)
-        removed = api.remove_stale_private_folders(tmp_path)
+        removed = runner.remove_stale_private_folders(tmp_path)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -203,7 +203,7 @@ def test_the_folder_name_says_which_process_made_it(project):
     proj, root, out = project
     cluster(proj)._run("look.yml", "look", {"token": "x"})
     folder = Path((out / "file.txt").read_text().strip()).parents[1].name
-    assert re.fullmatch(rf"torchfleet-runner-{os.getpid()}-{api._process_start(os.getpid())}-\w+", folder)
+    assert re.fullmatch(rf"torchfleet-runner-{os.getpid()}-{runner.process_start(os.getpid())}-\w+", folder)
 
 
 def test_processes_that_end_during_the_scan_do_not_break_it(tmp_path):
@@ -222,11 +222,11 @@ def test_processes_that_end_during_the_scan_do_not_break_it(tmp_path):
         worker.start()
     try:
         for _ in range(50):
-            assert api._processes_naming(folder) == [named.pid]
+            assert runner.processes_naming(folder) == [named.pid]
     finally:
         done.set()
         for worker in workers:
             worker.join()
         named.kill()
         named.wait()
-    assert api._processes_naming(folder) == []
+    assert runner.processes_naming(folder) == []

@@ -3,17 +3,20 @@ The guard with a real TCPStore runs in the fault matrix (tests/faults) on the do
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import types
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_vocab
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, guard_child, guard_policy, run_vocab
 from torchfleet.report import PEER_ERROR_RE
 
 RANK = {"name": "tf-r-rank1", "host": "node-2", "role": "rank", "ranks": [1]}
@@ -24,25 +27,25 @@ MPIRUN = {"name": "tf-r-mpirun", "host": "node-1", "role": "mpirun", "ranks": [0
 
 @pytest.mark.parametrize("returncode, code", [(0, 0), (3, 3), (-signal.SIGKILL, 137), (-signal.SIGTERM, 143)])
 def test_exit_codes_read_as_a_shell_reports_them(returncode, code):
-    assert guard.exit_code(returncode) == code
+    assert guard_policy.exit_code(returncode) == code
 
 
 @pytest.mark.parametrize("unit, name", [(RANK, "rank 1 on node-2"), (AGENT, "torchrun (ranks 4-7) on node-3"),
                                         (SSHD, "sshd on node-2"), (MPIRUN, "mpirun on node-1")])
 def test_units_are_named_as_a_user_knows_them(unit, name):
-    assert guard.who(unit) == name
+    assert guard_policy.who(unit) == name
 
 
 def test_only_a_non_zero_exit_aborts():
-    assert guard.abort_for_exit(RANK, 0) is None
-    abort = guard.abort_for_exit(RANK, 137)
+    assert guard_policy.abort_for_exit(RANK, 0) is None
+    abort = guard_policy.abort_for_exit(RANK, 137)
     assert abort == {"kind": "rank_failed", "host": "node-2", "unit": "tf-r-rank1",
                      "reason": "rank 1 on node-2 exited with code 137"}
 
 
 @pytest.mark.parametrize("idle, limit, stalls", [(5, 0, False), (5, 10, False), (10, 10, True), (30, 10, True)])
 def test_a_stall_needs_a_limit_and_that_much_silence(idle, limit, stalls):
-    found = guard.stalled(RANK, idle, limit)
+    found = guard_policy.stalled(RANK, idle, limit)
     assert (found is not None) == stalls
     if stalls:
         assert found["kind"] == "stalled" and f"launch_stall_timeout={limit}" in found["reason"]
@@ -50,7 +53,7 @@ def test_a_stall_needs_a_limit_and_that_much_silence(idle, limit, stalls):
 
 @pytest.mark.parametrize("idle, stalls", [(10, False), (119, False), (121, True)])
 def test_a_unit_still_starting_gets_the_start_allowance_before_it_counts_as_stalled(idle, stalls):
-    found = guard.stalled(RANK, idle, 10, progressed=False, start_timeout=120)
+    found = guard_policy.stalled(RANK, idle, 10, progressed=False, start_timeout=120)
     assert (found is not None) == stalls
     if stalls:
         assert "no progress since its start" in found["reason"]
@@ -59,20 +62,20 @@ def test_a_unit_still_starting_gets_the_start_allowance_before_it_counts_as_stal
 def test_a_unit_is_lost_when_its_heartbeat_stands_still_past_the_timeout():
     units = [MPIRUN, SSHD, RANK]
     # Unit 1 beat 3 s ago, unit 2 11 s ago; unit 0 (the host) is never judged by itself.
-    assert guard.lost_units(units, {1: 97.0, 2: 89.0}, {0}, now=100.0, node_timeout=10, started=0.0,
+    assert guard_policy.lost_units(units, {1: 97.0, 2: 89.0}, {0}, now=100.0, node_timeout=10, started=0.0,
                             start_timeout=200) == [2]
     # A unit that finished is not lost, however old its last beat.
-    assert guard.lost_units(units, {1: 97.0, 2: 89.0}, {0, 2}, 100.0, 10, 0.0, 200) == []
+    assert guard_policy.lost_units(units, {1: 97.0, 2: 89.0}, {0, 2}, 100.0, 10, 0.0, 200) == []
 
 
 def test_a_unit_that_never_beat_gets_the_start_allowance():
     units = [MPIRUN, SSHD]
-    assert guard.lost_units(units, {}, {0}, now=50.0, node_timeout=10, started=0.0, start_timeout=60) == []
-    assert guard.lost_units(units, {}, {0}, now=61.0, node_timeout=10, started=0.0, start_timeout=60) == [1]
+    assert guard_policy.lost_units(units, {}, {0}, now=50.0, node_timeout=10, started=0.0, start_timeout=60) == []
+    assert guard_policy.lost_units(units, {}, {0}, now=61.0, node_timeout=10, started=0.0, start_timeout=60) == [1]
 
 
 def test_a_loss_names_every_lost_host_once():
-    abort = guard.abort_for_lost([MPIRUN, SSHD, RANK, AGENT], [1, 2, 3], 10)
+    abort = guard_policy.abort_for_lost([MPIRUN, SSHD, RANK, AGENT], [1, 2, 3], 10)
     assert abort["kind"] == "node_lost" and abort["hosts"] == ["node-2", "node-3"]
     assert abort["reason"].startswith("lost node-2, node-3: no heartbeat for 10s (launch_node_timeout)")
 
@@ -122,7 +125,7 @@ def test_a_units_end_wakes_the_loop_only_once_the_unit_can_be_reaped(tmp_path):
 
 @pytest.mark.parametrize("current, node_timeout, after", [(1, 10, 2), (8, 10, 10), (10, 10, 10), (1, 0.5, 1)])
 def test_a_store_slow_to_answer_is_given_longer_waits_up_to_the_node_timeout(current, node_timeout, after):
-    assert guard.next_connect_timeout(current, node_timeout) == after
+    assert guard_policy.next_connect_timeout(current, node_timeout) == after
 
 
 def test_the_watchdogs_allowance_runs_from_the_stores_first_answer(tmp_path, monkeypatch):
@@ -158,7 +161,7 @@ def test_the_watchdogs_allowance_runs_from_the_stores_first_answer(tmp_path, mon
     (0.0, {}, [], True),                # no other unit runs
 ])
 def test_a_failure_that_blames_a_peer_waits_until_the_peers_guards_beat_or_the_node_timeout(waited, moved, others, over):
-    assert guard.peer_wait_over(waited, moved, others, node_timeout=10, poll=0.5) is over
+    assert guard_policy.peer_wait_over(waited, moved, others, node_timeout=10, poll=0.5) is over
 
 
 class CountingStore:
@@ -210,13 +213,13 @@ def test_only_this_interpreter_running_a_script_or_module_is_forked(tmp_path, ar
     script.write_text("")
     names = {"python": sys.executable, "script": str(script), "missing": str(tmp_path / "none.py")}
     expected = (target[0], target[1].format(**names), target[2]) if target else None
-    assert guard.preload_target([a.format(**names) for a in argv], sys.executable) == expected
+    assert guard_policy.preload_target([a.format(**names) for a in argv], sys.executable) == expected
 
 
 def test_another_python_is_started_as_it_is(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
-    assert guard.preload_target([sys.executable, str(script)], str(tmp_path / "bin" / "python3")) is None
+    assert guard_policy.preload_target([sys.executable, str(script)], str(tmp_path / "bin" / "python3")) is None
 
 
 def _start(unit: guard.Guard) -> None:
@@ -224,7 +227,7 @@ def _start(unit: guard.Guard) -> None:
     interpreter normally, end it here instead of unwinding into pytest."""
     try:
         unit.start_child()
-    except guard.ChildExit as done:
+    except guard_child.ChildExit as done:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(done.code)
@@ -234,7 +237,7 @@ def _forked_unit(tmp_path, monkeypatch, code: str, *args: str) -> guard.Guard:
     """A unit forked from its guard. torch is not on the controller (the fork's point is to
     share the guard's import of it), so the import is taken as done: what is under test is that
     the child runs and ends as ``python3 SCRIPT ARGS`` would."""
-    monkeypatch.setattr(guard, "_import_torch", lambda: True)
+    monkeypatch.setattr(guard_child, "import_torch", lambda: True)
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "helper.py").write_text("VALUE = 'sibling'\n")
     script = tmp_path / "work" / "train.py"
@@ -243,7 +246,7 @@ def _forked_unit(tmp_path, monkeypatch, code: str, *args: str) -> guard.Guard:
     config = {"units": [unit], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
     forked = guard.Guard(config, 0, [sys.executable, str(script), *args], str(tmp_path))
     _start(forked)
-    assert isinstance(forked.child, guard.Forked)
+    assert isinstance(forked.child, guard_child.Forked)
     assert forked.wake.wait(20)
     return forked
 
@@ -268,12 +271,12 @@ def test_a_forked_module_runs_as_python_m_would(tmp_path, monkeypatch):
     the import path, and argv[0] is the module's file."""
     (tmp_path / "tfagent.py").write_text("import sys\nprint(__name__, sys.argv, flush=True)\nsys.exit(4)\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(guard, "_import_torch", lambda: True)
+    monkeypatch.setattr(guard_child, "import_torch", lambda: True)
     config = {"units": [dict(AGENT, log=str(tmp_path / "agent.log"))], "store_unit": 0, "node_timeout": 4,
               "run_id": "r", "job": "j", "poll_interval": 20}
     agent = guard.Guard(config, 0, [sys.executable, "-m", "tfagent", "--nnodes", "2"], str(tmp_path))
     _start(agent)
-    assert isinstance(agent.child, guard.Forked)
+    assert isinstance(agent.child, guard_child.Forked)
     assert agent.wake.wait(20)
     assert agent.child.poll() == 4
     assert (tmp_path / "agent.log").read_text() == f"__main__ {[str(tmp_path / 'tfagent.py'), '--nnodes', '2']}\n"
@@ -293,7 +296,7 @@ def test_a_forked_unit_interrupted_ends_as_python_does_on_ctrl_c(tmp_path, monke
 
 
 def test_a_forked_unit_is_stopped_by_its_process_group(tmp_path, monkeypatch):
-    monkeypatch.setattr(guard, "_import_torch", lambda: True)
+    monkeypatch.setattr(guard_child, "import_torch", lambda: True)
     script = tmp_path / "train.py"
     script.write_text("import time\nprint('training', flush=True)\ntime.sleep(60)\n")
     config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "stop_grace": 5}
@@ -356,6 +359,36 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
     assert (tmp_path / "rank.log").read_text().startswith("training True\nat exit True\n")
     record = json.loads((tmp_path / "guard-0.json").read_text())
     assert record["state"] == "exited" and record["exit_code"] == 3 and record["pid"] != os.getpid()
+
+
+def test_the_guard_runs_from_a_run_folder_that_holds_only_what_the_launch_copies_there(tmp_path):
+    """On a node the guard is a script in the run's folder, beside only run_vocab.GUARD_SOURCES
+    (launch_spec copies them there): it imports its siblings from its own folder, with no
+    collection and no PYTHONPATH, and supervises its unit through torch's real TCPStore."""
+    pytest.importorskip("torch.distributed")
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in run_vocab.GUARD_SOURCES:
+        shutil.copy(Path(guard.__file__).parent / name, run / name)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    config = {"units": [dict(RANK, log=str(run / "rank.log"))], "store_unit": 0, "node_timeout": 4,
+              "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
+              "store": {"host": "127.0.0.1", "port": port, "node": "node-2"}}
+    (run / "guard.json").write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    done = subprocess.run([sys.executable, str(run / run_vocab.GUARD_SOURCE), str(run / "guard.json"), "0", "--",
+                           "sh", "-c", "echo training; exit 3"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    job = json.loads((run / "job.json").read_text())
+    assert job["state"] == "failed" and job["abort"]["kind"] == "rank_failed"
+    assert (run / "rank.log").read_text() == "training\n"
+    # What the guard imported, Python cached beside it: its siblings, from its own folder.
+    cached = sorted(p.name.split(".")[0] for p in (run / "__pycache__").iterdir())
+    assert cached == sorted(name.removesuffix(".py") for name in run_vocab.GUARD_SOURCES
+                     if name != run_vocab.GUARD_SOURCE)
 
 
 def test_a_guard_that_ends_at_once_keeps_its_units_last_lines(tmp_path):
@@ -443,19 +476,19 @@ def test_the_wait_for_a_unit_returns_its_exit_or_times_out(tmp_path, monkeypatch
     """await_exit, on a Popen and on a forked unit, with a pidfd and without (an older
     Python or kernel): a timeout while the unit runs, its exit code once it ends, and the
     same code again once it is reaped."""
-    monkeypatch.setattr(guard, "_import_torch", lambda: forked)
+    monkeypatch.setattr(guard_child, "import_torch", lambda: forked)
     if not pidfd:
-        monkeypatch.delattr(guard.os, "pidfd_open", raising=False)
+        monkeypatch.delattr(guard_child.os, "pidfd_open", raising=False)
     script = tmp_path / "train.py"
     script.write_text("import sys, time\ntime.sleep(1)\nsys.exit(5)\n")
     config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
     unit = guard.Guard(config, 0, [sys.executable, str(script)], str(tmp_path))
     _start(unit)
-    assert isinstance(unit.child, guard.Forked) == forked
+    assert isinstance(unit.child, guard_child.Forked) == forked
     with pytest.raises(subprocess.TimeoutExpired):
-        guard.await_exit(unit.child, 0.05)
-    assert guard.await_exit(unit.child, 30) == 5
-    assert guard.await_exit(unit.child, 0) == 5
+        guard_child.await_exit(unit.child, 0.05)
+    assert guard_child.await_exit(unit.child, 30) == 5
+    assert guard_child.await_exit(unit.child, 0) == 5
 
 
 def test_a_posted_abort_stops_the_unit_while_the_guards_loop_is_held(tmp_path):

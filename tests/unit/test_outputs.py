@@ -11,13 +11,14 @@ import pytest
 from test_spec import RUN_ID, build
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import out_folder
-from torchfleet import outputs, spec
+from torchfleet import inputs, outputs, spec
 
 # What the nodes' modules and guards write in a run folder, by mode and host (the spec's
 # prefix is tfjob; node-1 is the master with ranks 0 and 1, node-2 has rank 2).
 C = f"tfjob-{RUN_ID}"
 TORCHFLEET_FILES = {
     ("container", None, "node-1"): ["spec.json", "guard.py", "run_vocab.py", "__pycache__/run_vocab.cpython-311.pyc",
+                                    "guard_policy.py", "guard_child.py", "__pycache__/guard_policy.cpython-311.pyc",
                                     "guard.json", "guard-0.json", "guard-1.json", "job.json",
                                     "rank-0.log", "rank-1.log", "checksum-rank-0.txt", "checksum-rank-1.txt",
                                     "model.pt", f"heartbeat-{C}-rank0", f"heartbeat-{C}-rank1", "stop",
@@ -147,7 +148,7 @@ def test_the_message_names_the_node_its_ranks_what_stayed_and_how_to_get_it():
 @pytest.mark.parametrize("value, ok", [(-1, False), (0, True), (1024, True), (1 << 20, True), ((1 << 20) + 1, False),
                                        ("lots", False)])
 def test_the_limit_is_checked_with_the_launchs_other_numbers(value, ok):
-    (name, low, high, why), = [r for r in spec.RANGES if r[0] == "launch_collect_out_max_mb"]
-    bad = spec.out_of_range([{"name": name, "value": value, "min": low, "max": high, "why": why}])
+    (name, low, high, why), = [r for r in inputs.RANGES if r[0] == "launch_collect_out_max_mb"]
+    bad = inputs.out_of_range([{"name": name, "value": value, "min": low, "max": high, "why": why}])
     assert bad == ([] if ok else [{"variable": name, "message": f"{name}={value} must be between 0 and 1048576 "
                                                                 "(0: bring no out folder back)"}])

@@ -53,6 +53,26 @@ def test_only_the_vocabulary_spells_a_runs_file_names_and_store_keys():
     assert found == []
 
 
+# The per-rank and per-unit names: rank logs, checksums, a bare-process unit's files.
+UNIT_SPELLINGS = [(name, re.compile(pattern)) for name, pattern in (
+    ("rank-N.log", r"^rank-"), ("checksum-rank-N.txt", r"checksum-rank"),
+    ("NAME.meta, .pid, .exit, .unit, .stopped, .secret", r"^\*?\.(meta|pid|exit|unit|stopped|secret)$"))]
+
+
+def test_only_the_vocabulary_spells_rank_logs_checksums_and_a_process_units_files():
+    found = {(str(path.relative_to(ROOT)), name, line) for path in SOURCES if path.name != "run_vocab.py"
+             for line, text in _code_strings(path) for name, spelling in UNIT_SPELLINGS if spelling.search(text)}
+    assert sorted(f"{p}:{line}: {name}" for p, name, line in found) == []
+
+
+def test_the_per_rank_and_per_unit_names_are_the_ones_the_nodes_and_the_report_use():
+    assert [run_vocab.rank_log(3), run_vocab.checksum_file(3)] == ["rank-3.log", "checksum-rank-3.txt"]
+    assert [run_vocab.unit_log("rank", 0), run_vocab.unit_log("torchrun", 0), run_vocab.unit_log("sshd")] == \
+        ["rank-0.log", "torchrun.log", "sshd.log"]
+    assert sorted(run_vocab.process_file("/run/r/rank-1", kind) for kind in run_vocab.ProcessFile) == [
+        f"/run/r/rank-1.{s}" for s in ("exit", "log", "meta", "pid", "secret", "stopped", "unit")]
+
+
 def test_every_store_op_names_its_key_through_the_vocabulary():
     """The guards' store ops (check, get, set, add, wait, compare_set) take no key spelled out."""
     ops = {"check", "get", "set", "add", "wait", "compare_set"}

@@ -84,7 +84,7 @@ def progress_line(run, elapsed):
     job = run.get("job_state") or {}
     ages = [u["heartbeat_age_s"] for u in job.get("units", []) if u.get("heartbeat_age_s") is not None]
     logs = run.get("logs") or {}
-    name = "rank-0.log" if "rank-0.log" in logs else next(iter(sorted(logs)), None)
+    name = vocab.rank_log(0) if vocab.rank_log(0) in logs else next(iter(sorted(logs)), None)
     last = (logs.get(name) or [""])[-1][-110:] if name else ""
     beat = f", oldest heartbeat {max(ages):.1f}s" if ages else ""
     return f"  [{int(elapsed)}s] run {run.get('run_id')} {job.get('state', 'starting')}{beat}; {name or ''}: {last}"

@@ -15,147 +15,46 @@ cluster address only. Through it:
 - a ``stop`` file in the run's folder (``torchfleet stop``) aborts the run from any node;
 - the host writes the run's state to ``job.json``, which a controller reads to attach.
 
-It runs with the Python that runs the ranks (it needs torch) and nothing else, so it is a
-single file copied into each run's folder, beside the run's vocabulary (run_vocab.py) that it
-imports. The decisions are the pure functions at the top.
+It runs with the Python that runs the ranks (it needs torch) and nothing else: this file
+is the entry point and owns the loop (the store, heartbeats, signals, the records). It imports
+its siblings, which are copied with it into each run's folder (run_vocab.GUARD_SOURCES), so
+that they lie in the script's own folder, first on its import path: the decisions
+(guard_policy.py), the unit's process (guard_child.py) and the run's vocabulary (run_vocab.py).
+Over 500 lines: the loop is one class, whose store, child, watchdog and records share its state.
 """
 
 from __future__ import annotations
 
-import builtins
 import collections
-import importlib.machinery
-import io
 import json
 import os
 import re
-import runpy
-import select
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-import types
-import warnings
 from datetime import datetime, timedelta, timezone
 from typing import NoReturn
 
 try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_child
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_policy as policy
     from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-except ImportError:  # on a node: run as a script from the run's folder, where run_vocab.py lies beside it
+except ImportError:  # on a node: run as a script from the run's folder, where its modules lie beside it
+    import guard_child
+    import guard_policy as policy
     import run_vocab as vocab
 
-# Exit codes of a guard whose unit it stopped: 128 + the signal, as a shell reports it.
-STOPPED = 128 + signal.SIGTERM
 # The node's secret environment for mpirun's ranks (the launch role's secret_env_file.yml):
 # no rank of the run starts once a unit of it has ended, so the first guard to end removes
 # it, also on a node the controller lost and could not clean.
 SECRET_FILES = (vocab.SECRET_ENV,)
 # How long a guard that is done waits for its unit's last lines (a traceback) to reach the log.
 OUTPUT_DRAIN_S = 2.0
-
-
-# --- decisions (pure; unit-tested without a store) --------------------------------------------
-
-
-def exit_code(returncode: int) -> int:
-    """A child's exit as a shell reports it: a signal N is 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def who(unit: dict) -> str:
-    """How a report names a unit: rank N (the first of its ranks for torchrun), or its role."""
-    if unit.get("role") == "rank" or (unit.get("role") == "torchrun" and unit.get("ranks")):
-        ranks = unit.get("ranks") or []
-        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
-        return f"{label} on {unit['host']}" if unit.get("role") == "rank" else f"torchrun ({label}) on {unit['host']}"
-    return f"{unit.get('role', 'unit')} on {unit['host']}"
-
-
-def abort_for_exit(unit: dict, code: int) -> dict | None:
-    """A unit that ended with an error aborts the run; one that succeeded does not."""
-    if code == 0:
-        return None
-    return {"kind": vocab.AbortKind.RANK_FAILED.value, "host": unit["host"], "unit": unit["name"],
-            "reason": f"{who(unit)} exited with code {code}"}
-
-
-def stalled(unit: dict, idle_s: float, stall_timeout: float, progressed: bool = True,
-            start_timeout: float = 0) -> dict | None:
-    """A unit silent for ``stall_timeout``. Before its first sign of progress it is still
-    starting (importing, joining the group): the start's allowance applies, if longer."""
-    if stall_timeout <= 0 or idle_s < (stall_timeout if progressed else max(stall_timeout, start_timeout)):
-        return None
-    what = "made no progress" if progressed else "showed no progress since its start"
-    return {"kind": vocab.AbortKind.STALLED.value, "host": unit["host"], "unit": unit["name"],
-            "reason": f"{who(unit)} {what} (no output line, no heartbeat) for {int(idle_s)}s "
-                      f"(launch_stall_timeout={stall_timeout:g})"}
-
-
-def lost_units(units: list[dict], seen: dict[int, float], finished: set[int], now: float, node_timeout: float,
-               started: float, start_timeout: float) -> list[int]:
-    """Units whose heartbeat stood still too long: ``seen`` is when each last moved (a unit
-    that never beat counts from the start, with the start's own allowance)."""
-    lost = []
-    for index in range(len(units)):
-        if index in finished:
-            continue
-        last = seen.get(index)
-        if last is None:
-            if now - started > start_timeout:
-                lost.append(index)
-        elif now - last > node_timeout:
-            lost.append(index)
-    return lost
-
-
-def peer_wait_over(waited_s: float, moved: dict[int, int], others: list[int], node_timeout: float,
-                   poll: float) -> bool:
-    """A unit that failed on a lost connection to a peer (Gloo's "connection reset") may not
-    be the cause: the peer's guard, or the host's check for silent units, names the cause
-    once it is known. The wait ends when every other running unit's guard has beaten twice
-    since (none was killed outright, its guard with it), or after the node timeout."""
-    if waited_s > node_timeout + 2 * poll:
-        return True
-    return all(moved.get(i, 0) >= 2 for i in others)
-
-
-def preload_target(argv: list[str], executable: str) -> tuple[str, str, list[str]] | None:
-    """What a unit that is this very interpreter runs: ``("script", PATH, ARGS)`` for ``PYTHON
-    SCRIPT ARGS`` (a rank's usual command), ``("module", NAME, ARGS)`` for ``PYTHON -m NAME
-    ARGS`` (a torchrun agent). Such a unit is forked from its guard, which imports torch for its
-    store anyway, instead of started as a new interpreter that imports it again: about 2 s
-    of CPU per unit. Any other form (other options, a wrapper, another Python) starts as it is."""
-    if len(argv) < 2:
-        return None
-    found = shutil.which(argv[0])
-    if not found or not executable or os.path.abspath(found) != os.path.abspath(executable):
-        return None
-    if argv[1] == "-m" and len(argv) > 2 and re.fullmatch(r"[A-Za-z_][\w.]*", argv[2]):
-        return ("module", argv[2], argv[3:])
-    if not argv[1].startswith("-") and os.path.isfile(argv[1]):
-        return ("script", argv[1], argv[2:])
-    return None
-
-
-def next_connect_timeout(current: float, node_timeout: float) -> float:
-    """A store host slow to answer (many guards starting at once on a busy master) needs a
-    longer wait: a short one that every guard retries only adds to its load. Doubled per
-    failure, up to the node timeout."""
-    return min(2 * current, max(1.0, node_timeout))
-
-
-def abort_for_lost(units: list[dict], lost: list[int], node_timeout: float) -> dict:
-    hosts = sorted({units[i]["host"] for i in lost})
-    return {"kind": vocab.AbortKind.NODE_LOST.value, "host": hosts[0], "hosts": hosts, "unit": units[lost[0]]["name"],
-            "reason": f"lost {', '.join(hosts)}: no heartbeat for {node_timeout:g}s (launch_node_timeout); "
-                      f"{who(units[lost[0]])} stopped answering"}
-
-
-# --- the guard --------------------------------------------------------------------------------
+# How often the store's host looks for a stop file (torchfleet stop writes it on the master
+# first): one stat, in one guard of the run, where the loop's own look waits a whole poll.
+STOP_WATCH_S = 0.05
 
 
 def _now() -> str:
@@ -211,11 +110,11 @@ class Guard:
     def start_child(self) -> None:
         def own_group():
             os.setpgid(0, 0)
-            _die_with_parent()
+            guard_child.die_with_parent()
 
-        target = preload_target(self.argv, sys.executable)
-        if target is not None and _import_torch():
-            self.child = Forked(target, own_group)
+        target = policy.preload_target(self.argv, sys.executable)
+        if target is not None and guard_child.import_torch():
+            self.child = guard_child.Forked(target, own_group)
         else:
             self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, preexec_fn=own_group)
@@ -238,7 +137,7 @@ class Guard:
         # it still running and the loop sleeps a whole poll. Bounded: a unit may close its
         # output and go on.
         try:
-            await_exit(self.child, self.poll)
+            guard_child.await_exit(self.child, self.poll)
         except subprocess.TimeoutExpired:
             pass
         self.wake.set()
@@ -248,16 +147,16 @@ class Guard:
         says when the first of each was sent (``sigterm_at``, ``sigkill_at``)."""
         if self.child.poll() is None:
             self.state.setdefault("sigterm_at", time.time())
-            _killpg(self.child.pid, signal.SIGTERM)
+            guard_child.killpg(self.child.pid, signal.SIGTERM)
             try:
-                await_exit(self.child, self.grace)
+                guard_child.await_exit(self.child, self.grace)
             except subprocess.TimeoutExpired:
                 self.state["sigkill_at"] = time.time()
-                _killpg(self.child.pid, signal.SIGKILL)
-                await_exit(self.child, None)
+                guard_child.killpg(self.child.pid, signal.SIGKILL)
+                guard_child.await_exit(self.child, None)
         else:
-            _killpg(self.child.pid, signal.SIGKILL)  # what the unit left in its group
-        return exit_code(self.child.returncode)
+            guard_child.killpg(self.child.pid, signal.SIGKILL)  # what the unit left in its group
+        return policy.exit_code(self.child.returncode)
 
     def progressed(self) -> float:
         """Seconds since the unit last wrote a line or touched its heartbeat file."""
@@ -320,7 +219,7 @@ class Guard:
             self.state.setdefault("abort_seen_at", time.time())
             if self.child is not None and self.child.poll() is None:
                 self.state.setdefault("sigterm_at", time.time())
-                _killpg(self.child.pid, signal.SIGTERM)
+                guard_child.killpg(self.child.pid, signal.SIGTERM)
             self.wake.set()
             return
 
@@ -342,6 +241,8 @@ class Guard:
         self.start_child()
         if not self.is_host:
             threading.Thread(target=self._watchdog, daemon=True).start()
+        else:
+            threading.Thread(target=self._watch_stop, daemon=True).start()
         abort = None
         last_loop = time.monotonic()
         seen: dict[int, float] = {}
@@ -360,27 +261,29 @@ class Guard:
                 if self.store is None:
                     self.connect(timeout=self.connect_timeout)
                     if self.store is None:
-                        self.connect_timeout = next_connect_timeout(self.connect_timeout, self.node_timeout)
+                        self.connect_timeout = policy.next_connect_timeout(self.connect_timeout, self.node_timeout)
                         raise ConnectionError(getattr(self, "store_error", "no store yet"))
                 self.store.add(vocab.heartbeat_key(self.index), 1)
                 abort = abort or self.read_abort()
-                if self.is_host:
-                    abort = abort or self._host_checks(seen, counters, exits)
+                # A stop first: on the host, the checks below take a store op per unit.
                 if abort is None and self._stop_requested():
                     abort = self.set_abort(self._stop_requested())
+                if self.is_host:
+                    abort = abort or self._host_checks(seen, counters, exits)
                 if abort is None and code is not None and code != 0 and self._peer_wait_over():
-                    abort = self.set_abort(dict(abort_for_exit(self.unit, exit_code(code)), index=self.index))
+                    failed = policy.abort_for_exit(self.unit, policy.exit_code(code))
+                    abort = self.set_abort(dict(failed, index=self.index))
                 if abort is None and self.signalled:
                     abort = self.set_abort({"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"],
                                             "unit": self.unit["name"],
-                                            "reason": f"{who(self.unit)} got signal {self.signalled}"})
+                                            "reason": f"{policy.who(self.unit)} got signal {self.signalled}"})
                 if abort is None and code is None:
-                    found = stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
+                    found = policy.stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
                                     self.start_timeout)
                     if found:
                         abort = self.set_abort(dict(found, index=self.index))
                 if abort is None and self.unit.get("service") and self.store.check([vocab.DONE]):
-                    return self.finish(exit_code(self.stop_child()) if self.child.poll() is None else 0,
+                    return self.finish(policy.exit_code(self.stop_child()) if self.child.poll() is None else 0,
                                        vocab.UnitState.STOPPED.value, "the job's other units finished")
                 self.last_ok = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - any store failure counts as no contact
@@ -388,10 +291,12 @@ class Guard:
                     raise
                 # Without the store, what this node can tell on its own still stops its unit.
                 local = self._stop_requested() or (
-                    dict(abort_for_exit(self.unit, exit_code(code)), index=self.index) if code else None)
+                    dict(policy.abort_for_exit(self.unit, policy.exit_code(code)), index=self.index)
+                    if code else None)
                 if local is None and self.signalled:
-                    local = {"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"], "unit": self.unit["name"],
-                             "reason": f"{who(self.unit)} got signal {self.signalled}"}
+                    local = {"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"],
+                             "unit": self.unit["name"],
+                             "reason": f"{policy.who(self.unit)} got signal {self.signalled}"}
                 if local is None and time.monotonic() - self.last_ok > self._store_limit():
                     local = self._store_lost()
                 abort = abort or local
@@ -418,7 +323,8 @@ class Guard:
         now = time.monotonic()
         if self.peer_wait is None:
             self.peer_wait = {"since": now, "counters": {}, "moved": {}}
-            self._say(f"[torchfleet guard] {who(self.unit)} lost a peer; waiting for the peers' guards to name the cause")
+            self._say(f"[torchfleet guard] {policy.who(self.unit)} lost a peer; "
+                      "waiting for the peers' guards to name the cause")
         wait, others, exits = self.peer_wait, [], {}
         self._read_exits(exits)
         for i in range(len(self.units)):
@@ -429,7 +335,7 @@ class Guard:
             if i in wait["counters"] and count != wait["counters"][i]:
                 wait["moved"][i] = wait["moved"].get(i, 0) + 1
             wait["counters"][i] = count
-        return peer_wait_over(now - wait["since"], wait["moved"], others, self.node_timeout, self.poll)
+        return policy.peer_wait_over(now - wait["since"], wait["moved"], others, self.node_timeout, self.poll)
 
     def _store_limit(self) -> float:
         """Until the store first answers, the start's allowance applies."""
@@ -455,7 +361,7 @@ class Guard:
                 abort = requested or self._store_lost()
                 self.state.setdefault("abort_seen_at", time.time())
                 code = self.child.poll()
-                final = self.stop_child() if code is None else exit_code(code)
+                final = self.stop_child() if code is None else policy.exit_code(code)
                 self.state["stopped_at"] = time.time()
                 self._finish_unlocked(final, vocab.UnitState.STOPPED.value, abort["reason"], abort)
                 self.exit_now(final)
@@ -469,6 +375,14 @@ class Guard:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+    def _watch_stop(self) -> None:
+        """The host's: wake the loop as soon as a stop file appears, and the loop posts the
+        abort that every guard awaits."""
+        path = os.path.join(self.run_dir, vocab.STOP)
+        while not os.path.exists(path):
+            time.sleep(STOP_WATCH_S)
+        self.wake.set()
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signum
@@ -505,11 +419,11 @@ class Guard:
                 counters[i], seen[i] = count, now
         if vocab.job_state(self.units, exits, None, []) == vocab.RunState.SUCCEEDED:
             self.store.set(vocab.DONE, "1")
-        lost = lost_units(self.units, seen, set(exits) | {self.index}, now, self.node_timeout, self.started,
+        lost = policy.lost_units(self.units, seen, set(exits) | {self.index}, now, self.node_timeout, self.started,
                           self.start_timeout)
         self._write_job(vocab.RunState.RUNNING.value, None, exits, seen)
         if lost:
-            return self.set_abort(abort_for_lost(self.units, lost, self.node_timeout))
+            return self.set_abort(policy.abort_for_lost(self.units, lost, self.node_timeout))
         if self.job_timeout and now - self.started > self.job_timeout:
             return self.set_abort({"kind": vocab.AbortKind.TIMEOUT.value, "host": self.unit["host"], "unit": None,
                                    "reason": f"the job ran past launch_timeout={self.job_timeout:g}s"})
@@ -522,7 +436,7 @@ class Guard:
         self.state.setdefault("abort_seen_at", time.time())
         code = self.child.poll()
         own = abort.get("index") == self.index and abort["kind"] == vocab.AbortKind.RANK_FAILED
-        final = self.stop_child() if code is None else exit_code(code)
+        final = self.stop_child() if code is None else policy.exit_code(code)
         self.state["stopped_at"] = time.time()
         # Only the unit that caused the abort ended on its own account; any other was stopped
         # because of it, whether by this guard or by its own runner first (torchrun's agents
@@ -591,7 +505,7 @@ class Guard:
         if abort:
             self.state["abort"] = abort
         if why:
-            self._say(f"[torchfleet guard] stopped {who(self.unit)}: {why}")
+            self._say(f"[torchfleet guard] stopped {policy.who(self.unit)}: {why}")
         self._write_state()
         return code
 
@@ -617,151 +531,6 @@ class Guard:
         })
 
 
-class Forked:
-    """A unit forked from the guard to run as ``python3 SCRIPT ARGS`` or ``python3 -m MODULE
-    ARGS`` would (see preload_target), with what the guard uses of a Popen: pid, stdout,
-    poll, wait, returncode. It forks before the guard starts any thread or connects to the store."""
-
-    def __init__(self, target: tuple[str, str, list[str]], setup) -> None:
-        read, write = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with warnings.catch_warnings():
-            # Python 3.12 warns of forking a process with threads; torch's import leaves one
-            # idle thread, and its at-fork handlers are what make its DataLoader's fork safe.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            _run_target(target, write, setup)
-        os.close(write)
-        try:
-            os.setpgid(pid, pid)  # also here, so that a stop right away reaches its group
-        except OSError:
-            pass  # the child did it first
-        self.pid, self.returncode = pid, None
-        self.stdout = os.fdopen(read, "rb")
-        self._reaping = threading.Lock()
-
-    def poll(self) -> int | None:
-        with self._reaping:
-            if self.returncode is None:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """As Popen waits with a timeout: polls 0.5 ms apart at first, then up to 50 ms."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(["python3", "-"], timeout)
-            time.sleep(delay)
-            delay = min(2 * delay, 0.05)
-        return self.returncode
-
-
-def _import_torch() -> bool:
-    try:
-        from torch.distributed import TCPStore  # noqa: F401 - what the store needs, loaded once for both
-    except Exception:  # noqa: BLE001 - no torch: the unit starts on its own, and the store reports it
-        return False
-    return True
-
-
-class ChildExit(BaseException):
-    """Raised in a forked unit once its script has ended: it unwinds to main(), so that the
-    interpreter ends as the script's own would (its exit functions, threads and objects
-    finalized, its sockets closed last), not at once. A peer still joining the group may
-    depend on that time."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
-
-
-def _exec_as_main(path: str) -> None:
-    """Run a script as the interpreter runs one: in a new ``__main__`` module that stays
-    ``__main__`` to the end (runpy's would give the guard's back as soon as the script
-    returns, before its exit functions and threads, which may pickle its classes)."""
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None, __builtins__=builtins,
-                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
-    sys.modules["__main__"] = main
-    with io.open_code(path) as fh:
-        code = compile(fh.read(), path, "exec")
-    exec(code, main.__dict__)  # noqa: S102 - the unit's own script, which it would run anyway
-
-
-def _run_target(target: tuple[str, str, list[str]], output: int, setup) -> None:
-    """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``), then raise
-    ChildExit with its exit code."""
-    code = 1
-    try:
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        setup()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.close(null)
-        os.close(output)
-        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-        kind, name, args = target
-        sys.argv = [name if kind == "script" else "-m", *args]
-        # As the interpreter starts a script (or -m): its folder (or the working folder) first
-        # on the import path, where the guard's folder was, unless safe_path keeps it off.
-        if not getattr(sys.flags, "safe_path", False):
-            sys.path[0] = os.path.dirname(os.path.realpath(name)) if kind == "script" else os.getcwd()
-        try:
-            if kind == "script":
-                _exec_as_main(name)
-            else:
-                runpy.run_module(name, run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as exc:
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                sys.stderr.write(f"{exc.code}\n")
-        except KeyboardInterrupt:
-            # As the interpreter ends on one: its traceback, then killed by SIGINT (130).
-            sys.excepthook(*sys.exc_info())
-            sys.stdout.flush()
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
-            sys.excepthook(*sys.exc_info())
-    except BaseException:  # noqa: BLE001 - whatever happens, the child never goes on as a guard
-        traceback.print_exc()
-    raise ChildExit(code & 0xFF)
-
-
-def await_exit(child, timeout: float | None) -> int:
-    """``child.wait(timeout)``, woken by the exit itself through a pidfd where Linux and
-    Python have one. Popen's and Forked's own waits poll, backing off to 50 ms apart, so a
-    unit that takes a while to end (48 at once on 2 cores) was reaped up to 50 ms late."""
-    if child.poll() is None and hasattr(os, "pidfd_open"):
-        try:
-            fd = os.pidfd_open(child.pid)
-        except OSError:  # reaped meanwhile, or no pidfd in this kernel: the wait below decides
-            fd = None
-        if fd is not None:
-            try:
-                exited = select.poll()
-                exited.register(fd, select.POLLIN)
-                if not exited.poll(None if timeout is None else max(0, int(timeout * 1000))):
-                    raise subprocess.TimeoutExpired(getattr(child, "args", "unit"), timeout)
-            finally:
-                os.close(fd)
-    return child.wait(timeout)
-
-
 def _bounded(fn, timeout: float) -> None:
     """Run a store op that may block for ever (a frozen host), for at most ``timeout``."""
     def attempt():
@@ -775,23 +544,6 @@ def _bounded(fn, timeout: float) -> None:
     worker.join(timeout)
 
 
-def _killpg(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _die_with_parent() -> None:
-    """The unit gets SIGKILL if its guard is killed outright (Linux only)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         sys.stderr.write("usage: guard.py CONFIG UNIT -- ARGV...\n")
@@ -802,7 +554,7 @@ def main(argv: list[str]) -> int:
     guard = Guard(config, index, command, os.path.dirname(os.path.abspath(config_path)))
     try:
         code = guard.run()
-    except ChildExit as done:  # the forked unit ends here, as its own interpreter would
+    except guard_child.ChildExit as done:  # the forked unit ends here, as its own interpreter would
         return done.code
     guard.exit_now(code)
 

@@ -11,6 +11,8 @@ import os
 import time
 from datetime import datetime, timezone
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+
 
 def iso(ts):
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -43,22 +45,24 @@ def is_running(module, entry):
 
 
 def find(module, run_dir, recurse=False, job=None):
-    pattern = os.path.join(run_dir, "**", "*.meta") if recurse else os.path.join(run_dir, "*.meta")
+    metas = "*" + vocab.ProcessFile.META.value
+    pattern = os.path.join(run_dir, "**", metas) if recurse else os.path.join(run_dir, metas)
     found = []
     for meta in sorted(glob.glob(pattern, recursive=recurse)):
-        base = meta[: -len(".meta")]
+        base = meta[: -len(vocab.ProcessFile.META.value)]
         with open(meta) as fh:
             rank, role, meta_job = (fh.read().split() + ["-"])[:3]
         if job and meta_job != job:
             continue
         entry = {"name": os.path.basename(base), "base": base, "rank": int(rank), "role": role,
                  "run": os.path.basename(os.path.dirname(base)),
-                 "log": base + ".log", "stopped_by_torchfleet": os.path.exists(base + ".stopped")}
-        for key, suffix, cast in (("unit", ".unit", str), ("pid", ".pid", int)):
-            if os.path.exists(base + suffix):
-                with open(base + suffix) as fh:
+                 "log": vocab.process_file(base, vocab.ProcessFile.LOG),
+                 "stopped_by_torchfleet": os.path.exists(vocab.process_file(base, vocab.ProcessFile.STOPPED))}
+        for key, kind, cast in (("unit", vocab.ProcessFile.UNIT, str), ("pid", vocab.ProcessFile.PID, int)):
+            if os.path.exists(vocab.process_file(base, kind)):
+                with open(vocab.process_file(base, kind)) as fh:
                     entry[key] = cast(fh.read().strip())
-        exit_file = base + ".exit"
+        exit_file = vocab.process_file(base, vocab.ProcessFile.EXIT)
         if os.path.exists(exit_file):
             with open(exit_file) as fh:
                 entry.update(running=False, exit_code=int(fh.read().strip()), vanished=False)

@@ -31,17 +31,65 @@ SPEC = "spec.json"  # the run's spec, its settings included (spec.guard), as the
 GUARD_CONFIG = "guard.json"  # the guards' config: the units, the store, the deadlines
 GUARD_SOURCE = "guard.py"  # the guard itself, which every unit runs under
 VOCAB_SOURCE = "run_vocab.py"  # this file, beside the guard that imports it
+# The guard and the module_utils it imports, copied together from the collection: the
+# script's own folder comes first on its import path, so it finds them with no path set.
+GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", VOCAB_SOURCE)
 JOB = "job.json"  # the run's state, as the guard hosting the store (on the master) writes it
 STOP = "stop"  # a stop asked for (torchfleet stop); its text is the reason
 SECRET_ENV = "node.secret.env"  # mpirun's ranks' secret environment, removed by the first guard to end
 GUARD_RECORDS = "guard-*.json"  # every unit's record, by its guard
 SUMMARY = "summary.json"  # the controller's report of the run (runs/<run_id>/ only)
+SBATCH_SCRIPT = "sbatch.sh"  # launch_mode slurm: the job as sbatch runs it (the master's folder)
+SLURM_JOB_ID = "slurm-job-id"  # launch_mode slurm: the id sbatch gave the job (the master's folder)
+SBATCH_LOG = "sbatch.log"  # launch_mode slurm: the batch script's own output, srun's messages (the batch host's)
 LOGS = "*.log"
 
 
 def guard_record(index: int) -> str:
     """Unit ``index``'s record, as its guard writes it."""
     return f"guard-{index}.json"
+
+
+def rank_unit(rank: int) -> str:
+    """The name of a bare-process unit that runs rank ``rank`` alone: its files (process_file)
+    and its log are named after it."""
+    return f"rank-{rank}"
+
+
+def rank_log(rank: int) -> str:
+    """Rank ``rank``'s log: in its node's folder where the rank is a unit of its own, and in
+    runs/<run_id>/ for every mode (the report splits a launcher's log by rank)."""
+    return rank_unit(rank) + ".log"
+
+
+def unit_log(role: str, rank: int | None = None) -> str:
+    """A unit's log in its node's run folder: a rank's by its rank, any other unit's (a
+    torchrun agent, mpirun, sshd) by its role."""
+    return rank_log(rank) if role == "rank" and rank is not None else f"{role}.log"
+
+
+def checksum_file(rank: int) -> str:
+    """Rank ``rank``'s parameter checksum, as the workload writes it at its end."""
+    return f"checksum-rank-{rank}.txt"
+
+
+class ProcessFile(_Word):
+    """A bare-process unit's files (rank_processes): NAME plus each suffix, side by side in
+    the run's folder, NAME being the unit's name."""
+
+    LOG = ".log"  # its output
+    META = ".meta"  # its rank, role and job: how a later call finds it
+    PID = ".pid"  # its supervising shell, which leads its process group (no systemd)
+    UNIT = ".unit"  # its transient systemd unit (with systemd)
+    EXIT = ".exit"  # its exit code, once it ended
+    STOPPED = ".stopped"  # torchfleet stopped it
+    SECRET = ".secret"  # its secret environment, until its shell has read it
+
+
+def process_file(base: str, kind: ProcessFile) -> str:
+    """The file ``kind`` of the bare-process unit at ``base`` (the run folder's path joined
+    with the unit's name)."""
+    return base + kind.value
 
 
 # --- the guards' store (a TCPStore on the master) ------------------------------------------------
@@ -122,3 +170,28 @@ def summarize(info: dict) -> str:
     if any(u.get("abort") for u in info["units"]):
         return RunState.FAILED.value
     return RunState.EXITED.value
+
+
+def run_record(config: dict, job: dict | None, job_age_s: float | None) -> dict | None:
+    """A running run as the guard hosting its store records it (job.json, with guard.json's
+    units), for a status that reads the master alone: its state, job and each node's units.
+    None where that record cannot speak for the run, and every node's own records must: none
+    yet; not rewritten for the node timeout (the guard that writes it is gone, as the other
+    guards would judge); or a run that ended, whose units' own records say how each ended."""
+    units = config.get("units") or []
+    if not job or job.get("state") != RunState.RUNNING or len(job.get("units") or []) != len(units):
+        return None
+    if job_age_s is None or job_age_s > float(config.get("node_timeout", 0)):
+        return None
+    nodes: dict[str, dict] = {}
+    for index, (unit, seen) in enumerate(zip(units, job["units"])):
+        code, age = seen.get("exit_code"), seen.get("heartbeat_age_s")
+        # While the run runs, only a unit that exited 0 has its code in the store (any other
+        # end aborts the run first); a unit not yet heard from is still starting.
+        state = UnitState.EXITED if code is not None else UnitState.RUNNING if age is not None else UnitState.STARTING
+        nodes.setdefault(unit["host"], {"run_id": config.get("run_id"), "job": config.get("job"), "units": []})
+        nodes[unit["host"]]["units"].append({
+            "unit": index, "name": unit["name"], "host": unit["host"], "role": unit.get("role"),
+            "ranks": unit.get("ranks", []), "state": state.value, "exit_code": code, "heartbeat_age_s": age})
+    return {"run_id": config.get("run_id"), "job": config.get("job"), "state": job["state"], "abort": job.get("abort"),
+            "updated_at": job.get("updated_at"), "age_s": job_age_s, "nodes": nodes}

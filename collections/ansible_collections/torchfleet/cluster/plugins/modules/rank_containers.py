@@ -123,6 +123,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 
 # The part of each rank's environment worth keeping in the run report.
 REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|"
@@ -323,8 +324,7 @@ def main():
             else module.params["log_dir"]
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
-            stem = f"rank-{c['rank']}" if c["role"] == "rank" else c["role"]
-            path = os.path.join(log_dir, f"{stem}.log")
+            path = os.path.join(log_dir, vocab.unit_log(c["role"], c["rank"]))
             with open(path, "w") as fh:
                 fh.write(merged_log(module, c["name"]))
             c["log"] = path

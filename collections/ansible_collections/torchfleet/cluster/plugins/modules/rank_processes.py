@@ -46,7 +46,7 @@ options:
   run:
     description:
       - For I(state=started), the run's folder to make first; run_state's options
-        C(node_dir), C(run_id), C(files), C(keep), C(owner), C(group) and C(workload).
+        C(node_dir), C(run_id), C(files), C(keep), C(owner), C(group), C(dirs) and C(workload).
       - C(workload) is given as to M(torchfleet.cluster.run_state) (C(archive), C(dest), C(keep)
         and C(inline_max)); the action sends the tar.
     type: dict
@@ -117,6 +117,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, write_whole
 
@@ -146,36 +147,36 @@ def write_secrets(path, secret_env):
 
 
 def start(module, run_dir, entry, secret_env=None):
-    base = os.path.join(run_dir, entry["name"])
+    files = {kind: vocab.process_file(os.path.join(run_dir, entry["name"]), kind) for kind in vocab.ProcessFile}
     argv = [str(a) for a in entry["argv"]]
     if entry.get("cpuset"):
         argv = ["taskset", "--cpu-list", str(entry["cpuset"])] + argv
     env = {k: str(v) for k, v in (entry.get("env") or {}).items()}
-    env["TF_EXIT"] = base + ".exit"
+    env["TF_EXIT"] = files[vocab.ProcessFile.EXIT]
     if secret_env:
-        write_secrets(base + ".secret", secret_env)
-        env["TF_SECRETS"] = base + ".secret"
+        write_secrets(files[vocab.ProcessFile.SECRET], secret_env)
+        env["TF_SECRETS"] = files[vocab.ProcessFile.SECRET]
     cwd = entry.get("cwd") or run_dir
-    write_whole(base + ".meta", f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
-    shell = ["sh", "-c", WRAPPER, base + ".log"] + argv
+    write_whole(files[vocab.ProcessFile.META], f"{entry['rank']} {entry.get('role', 'rank')} {entry.get('job', '-')}\n")
+    shell = ["sh", "-c", WRAPPER, files[vocab.ProcessFile.LOG]] + argv
     if systemd():
         # A transient unit: systemd supervises it, and stopping it kills its whole cgroup.
         unit = f"torchfleet-{os.path.basename(run_dir)}-{entry['name']}"
         cmd = ["systemd-run", "--unit", unit, "--collect", "--quiet", "--working-directory", cwd]
         module.run_command(cmd + [f"--setenv={k}={v}" for k, v in env.items()] + ["--"] + shell, check_rc=True)
-        write_whole(base + ".unit", unit + "\n")
+        write_whole(files[vocab.ProcessFile.UNIT], unit + "\n")
         return
     # Without systemd: its own session, so nothing ties it to Ansible's connection, and
     # the shell leads a process group that stop() kills whole. Popen, since run_command
     # waits for its child to end (tests/sanity/ignore-2.19.txt).
     proc = subprocess.Popen(shell, cwd=cwd, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    write_whole(base + ".pid", f"{proc.pid}\n")
+    write_whole(files[vocab.ProcessFile.PID], f"{proc.pid}\n")
 
 
 def stop(module, entry, signum=signal.SIGKILL):
     """SIGTERM lets the guard stop its rank and say why; SIGKILL ends what is left."""
-    open(entry["base"] + ".stopped", "w").close()
+    open(vocab.process_file(entry["base"], vocab.ProcessFile.STOPPED), "w").close()
     if "unit" in entry:
         module.run_command(["systemctl", "kill", "--signal", signal.Signals(signum).name, entry["unit"]])
         return
@@ -210,7 +211,7 @@ def main():
             invocation = {"module_args": dict(shown, run={k: v for k, v in run.items() if k not in ("files", "workload")})}
             try:
                 prepare(run["node_dir"], run["run_id"], run.get("files") or {}, int(run.get("keep", 10)),
-                        run.get("owner"), run.get("group"), run.get("workload"))
+                        run.get("owner"), run.get("group"), run.get("workload"), dirs=run.get("dirs") or [])
             except (PrepareError, KeyError, ValueError) as exc:
                 module.fail_json(msg=f"cannot make the run's folder: {exc}", invocation=invocation)
         os.makedirs(run_dir, exist_ok=True)
