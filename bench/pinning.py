@@ -16,7 +16,7 @@ ratio in the same round (the order of the variants flips every round).
   run_cpu       `python -m torch.backends.xeon.run_cpu` with the same cores (--core-list, one
                 instance per rank, its default numactl binding) and the default allocator;
   +jemalloc / +tcmalloc   torchfleet's pinning with the allocator preloaded as the launch
-                preloads it (launch_malloc: the environment comes from torchfleet.spec.malloc_env,
+                preloads it (launch_malloc: the environment comes from torchfleet.settings.malloc_env,
                 the function every launch mode uses), when installed (Debian's libjemalloc2,
                 libgoogle-perftools4).
 
@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 
 try:
-    from torchfleet import cpus, spec
+    from torchfleet import cpus, settings
 except ImportError:  # the worker, when a launch runs this file in the training image, needs neither
-    cpus = spec = None
+    cpus = settings = None
 
 HERE = Path(__file__).resolve()
 # --launch: a local docker host of the bench's own, apart from every test cluster.
@@ -131,7 +131,7 @@ def run_variant(name: str, plan: list[dict], args: argparse.Namespace) -> tuple[
     else:
         env = dict(base)
         if name != "torchfleet":
-            env.update(spec.malloc_env(name.lstrip("+"), env))
+            env.update(settings.malloc_env(name.lstrip("+"), env))
         for p in plan:
             procs.append(subprocess.Popen(["taskset", "--cpu-list", p["cpuset"]] + me, start_new_session=True,
                                           env=dict(env, OMP_NUM_THREADS=str(p["omp_num_threads"]))))
@@ -146,7 +146,7 @@ def run_variant(name: str, plan: list[dict], args: argparse.Namespace) -> tuple[
 
 def library(name: str) -> str:
     """Where the loader finds launch_malloc ``name``'s library on this machine, or ''."""
-    soname = spec.ALLOCATORS[name]["library"]
+    soname = settings.ALLOCATORS[name]["library"]
     found = glob.glob(f"/usr/lib/*/{soname}") + glob.glob(f"/usr/lib/{soname}")
     return found[0] if found else ""
 
@@ -165,7 +165,7 @@ def launched(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
     print(f"\nthrough torchfleet's launch: local cluster {LAUNCH_NAME}, 1 docker host, {args.ranks} ranks", flush=True)
     cluster, _ = torchfleet.local_up(1, name=LAUNCH_NAME, subnet=LAUNCH_SUBNET, inventory_dir=inventory,
                                      runs_dir=state / "bench-malloc" / "runs", env=env)
-    variants = ["default", *spec.ALLOCATORS]
+    variants = ["default", *settings.ALLOCATORS]
     measured: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     try:
         cluster.provision()
@@ -210,8 +210,8 @@ def main() -> None:
 
     plan = node_plan(args.ranks)
     variants = ["unpinned", "torchfleet", "run_cpu"]
-    missing = [n for n in spec.ALLOCATORS if not library(n)]
-    variants += [f"+{n}" for n in spec.ALLOCATORS if n not in missing]
+    missing = [n for n in settings.ALLOCATORS if not library(n)]
+    variants += [f"+{n}" for n in settings.ALLOCATORS if n not in missing]
     print(f"{args.ranks} ranks on {os.cpu_count()} CPUs; torchfleet's plan: "
           + ", ".join(f"{p['cpuset']} ({p['omp_num_threads']} threads, mems {p['cpuset_mems'] or '-'})" for p in plan))
     if missing:
@@ -239,7 +239,7 @@ def main() -> None:
         print(f"{label:<40}{wall:>10.2f}{cpu:>11.2f}")
     if args.launch:
         measured = launched(args)
-        for malloc in spec.ALLOCATORS:
+        for malloc in settings.ALLOCATORS:
             wall = statistics.median(x[0] / y[0] for x, y in zip(measured[malloc], measured["default"]))
             cpu = statistics.median(x[1] / y[1] for x, y in zip(measured[malloc], measured["default"]))
             print(f"{'launch_malloc ' + malloc + ' / default':<40}{wall:>10.2f}{cpu:>11.2f}")

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from torchfleet import modes
 from torchfleet.vocab import run_vocab as vocab
 
 STEP_RE = re.compile(
@@ -61,40 +62,9 @@ def parse_steps(log: str) -> list[dict[str, Any]]:
     return steps
 
 
-# mpirun --tag-output: "[jobid,rank]<stdout>:text". Open MPI sometimes glues a chunk's
-# tag to the end of the previous line, so tags are found anywhere in a line.
-MPI_TAG_RE = re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:")
-MPI_EXIT_RE = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]\s*Exit code:\s*(?P<code>\d+)")
-MPI_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node \S+ exited on signal (?P<sig>\d+)")
-
-
-def split_mpirun_log(log: str, world_size: int) -> dict[int, str]:
-    """Each rank's lines of mpirun's tagged output; mpirun's own lines stay out."""
-    ranks: dict[int, list[str]] = {r: [] for r in range(world_size)}
-    for line in log.splitlines():
-        tags = list(MPI_TAG_RE.finditer(line))
-        for i, tag in enumerate(tags):
-            text = line[tag.end():tags[i + 1].start() if i + 1 < len(tags) else len(line)]
-            rank = int(tag["rank"])
-            if rank in ranks and (text or len(tags) == 1):
-                ranks[rank].append(text)
-    return {r: "\n".join(lines) + ("\n" if lines else "") for r, lines in ranks.items()}
-
-
-def mpirun_finals(launcher: Mapping[str, Any], log: str, world_size: int) -> list[dict[str, Any]]:
-    """Per-rank final states from mpirun's own: its exit, and the rank it names as the first
-    to fail. mpirun stops the other ranks itself, so they count as stopped."""
-    failed = {}
-    if match := MPI_EXIT_RE.search(log):
-        failed = {int(match["rank"]): int(match["code"])}
-    elif match := MPI_SIGNAL_RE.search(log):
-        failed = {int(match["rank"]): 128 + int(match["sig"])}
-    return launcher_finals(launcher, list(range(world_size)), failed, others_stopped=True)
-
-
 def launcher_finals(launcher: Mapping[str, Any], ranks: list[int], failed: Mapping[int, int],
                     others_stopped: bool) -> list[dict[str, Any]]:
-    """Per-rank final states where one process (mpirun, torchrun) ran ``ranks``: all 0 when
+    """Per-rank final states where one launcher process (a mode's: LaunchMode.finals) ran ``ranks``: all 0 when
     it exited 0; else ``failed`` (index in ``ranks`` -> exit code) are blamed and the rest,
     which have no exit code of their own, count as stopped when ``others_stopped``."""
     finals = []
@@ -111,51 +81,17 @@ def launcher_finals(launcher: Mapping[str, Any], ranks: list[int], failed: Mappi
     return finals
 
 
-# torchrun --tee 3: "[default0]:text", the role name and the local rank.
-TORCHRUN_TAG_RE = re.compile(r"^\[[A-Za-z_]+?(?P<local>\d+)\]:(?P<text>.*)$")
-# torchrun's failure report: "rank : 3 (local_rank: 1)" then "exitcode : -9 (pid: 123)".
-TORCHRUN_FAIL_RE = re.compile(r"local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)")
-
-
-def split_torchrun_log(log: str, local_ranks: int) -> dict[int, str]:
-    """Each local rank's lines of one node's torchrun output."""
-    ranks: dict[int, list[str]] = {r: [] for r in range(local_ranks)}
-    for line in log.splitlines():
-        match = TORCHRUN_TAG_RE.match(line)
-        if match and int(match["local"]) in ranks:
-            ranks[int(match["local"])].append(match["text"])
-    return {r: "\n".join(lines) + ("\n" if lines else "") for r, lines in ranks.items()}
-
-
-def torchrun_finals(node: Mapping[str, Any], log: str, ranks: list[int]) -> list[dict[str, Any]]:
-    """Per-rank final states of one node from its torchrun's exit and failure report.
-
-    ``ranks`` are the node's global ranks by local rank. A signal shows as a negative
-    exit code in torchrun's report; it becomes 128 + signal, as a shell reports it.
-    """
-    failed: dict[int, int] = {}
-    if not node.get("stopped_by_torchfleet"):
-        for match in TORCHRUN_FAIL_RE.finditer(log):
-            code = int(match["code"])
-            failed.setdefault(int(match["local"]), 128 - code if code < 0 else code)
-    return launcher_finals(node, ranks, failed, others_stopped=bool(node))
-
-
 def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
     """The files a node may hold of a run, as (name in its run folder, name in runs/RUN/):
     its ranks' logs and checksums and its units' guard records; on the master the run's
-    state and rank 0's model; torchrun's and mpirun's own output where they ran."""
+    state and rank 0's model; and the launch mode's own (LaunchMode.run_files)."""
     files = []
     for rank in sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host):
-        files += [(f"rank-{rank}.log",) * 2, (f"checksum-rank-{rank}.txt",) * 2]
+        files += [(vocab.rank_log(rank),) * 2, (vocab.checksum_file(rank),) * 2]
     files += [(vocab.guard_record(i),) * 2 for i, unit in enumerate(spec["guard"]["units"]) if unit["host"] == host]
-    if spec["mode"] == "torchrun":
-        files.append(("torchrun.log", f"torchrun-{host}.log"))
     if host == spec["master_host"]:
         files += [(vocab.JOB,) * 2, ("model.pt",) * 2]
-        if spec["mode"] == "mpirun":
-            files.append(("mpirun.log",) * 2)
-    return files
+    return files + modes.get(spec["mode"]).run_files(host, host == spec["master_host"])
 
 
 def guard_key(role: str | None, name: str | None, ranks: list[int] | int | None) -> tuple[str | None, int]:
@@ -270,7 +206,7 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
     for entry in spec["ranks"]:
         rank = entry["rank"]
         final = by_rank.get(rank, {})
-        log_path = run_dir / f"rank-{rank}.log"
+        log_path = run_dir / vocab.rank_log(rank)
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
         steps = parse_steps(log)
         started, finished = parse_time(final.get("started_at")), parse_time(final.get("finished_at"))
@@ -312,7 +248,7 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
     culprit = choose_culprit(rows)
     checksums = {}
     for row in rows:
-        path = run_dir / f"checksum-rank-{row['rank']}.txt"
+        path = run_dir / vocab.checksum_file(row["rank"])
         if path.exists():
             checksums[row["rank"]] = path.read_text().strip()
     lost = sorted(set(lost))

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchfleet import hosts, spec
+from torchfleet import hosts, inputs
 from torchfleet.api import Failure, input_error
 from torchfleet.errors import InventoryError
 from torchfleet.progress import summary_line
@@ -100,13 +100,13 @@ def test_a_node_that_cannot_say_is_not_taken_for_another():
 @pytest.mark.parametrize("run_id", ["../x", "a b", "x" * 200, "", ".", "..", "a/b", "-rf", 7])
 def test_a_run_id_that_is_not_a_plain_name_is_refused_naming_launch_run_id(run_id):
     with pytest.raises(InventoryError) as info:
-        spec.check_run_id(run_id)
+        inputs.check_run_id(run_id)
     assert info.value.variable == "launch_run_id" and len(info.value.message) < 200
 
 
 def test_generated_and_plain_run_ids_pass():
-    for run_id in (spec.new_run_id(), "cli-ok", "taken", "r1.2_b", "x" * 64):
-        assert spec.check_run_id(run_id) == run_id
+    for run_id in (inputs.new_run_id(), "cli-ok", "taken", "r1.2_b", "x" * 64):
+        assert inputs.check_run_id(run_id) == run_id
 
 
 # --- finding 4: an input error is said once ------------------------------------------------------

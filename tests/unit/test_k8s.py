@@ -1,7 +1,7 @@
 """torchfleet.k8s: the launch spec as a Kubeflow TrainJob or PyTorchJob, checked against the
 upstream CRDs shipped in torchfleet/k8s/schemas/.
 
-The spec is built with spec.build from each node's checked input (spec.node_input over the
+The spec is built with spec.build from each node's checked input (inputs.node_input over the
 launch role's defaults), as the launch_spec action does. Expected values are written out
 here, never read from the spec that produced them.
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchfleet import inputs as launch_inputs
 from torchfleet import k8s, spec
 from torchfleet.errors import InventoryError
 from torchfleet.k8s import schema
@@ -33,9 +34,9 @@ CLAIMS = {"k8s_data_claim": "fashion-mnist", "k8s_workload_claim": "mnist-code",
 def inputs(host, **over):
     """What launch_input hands build for a node: the launch role's defaults (its templated
     ones left out, as node_input then takes their plain defaults), overridden by ``over``."""
-    values = {k: v for k, v in DEFAULTS.items() if k in spec.INPUT_VARIABLES and not (isinstance(v, str) and "{{" in v)}
+    values = {k: v for k, v in DEFAULTS.items() if k in launch_inputs.input_variables() and not (isinstance(v, str) and "{{" in v)}
     values.update(launch_dataset_dir="/var/lib/torchfleet/datasets/fashion-mnist", **over)
-    return spec.node_input(values, host)
+    return launch_inputs.node_input(values, host)
 
 
 def plan(mode="container", procs=1, pinned=False, image=IMAGE, port=29500, **over):

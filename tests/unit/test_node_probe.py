@@ -5,7 +5,9 @@ from pathlib import Path
 
 from ansible_collections.torchfleet.cluster.plugins.filter import torchfleet as filters
 from ansible_collections.torchfleet.cluster.plugins.modules import node_probe
-from torchfleet import spec
+from torchfleet import preflight
+from torchfleet import settings as node_settings
+from torchfleet.modes import mpirun
 
 ADDR = (Path(__file__).parents[1] / "fixtures" / "ip-addr-dind-master.json").read_text()
 
@@ -48,13 +50,13 @@ def test_sha256_of_a_file_and_of_none(tmp_path):
 def test_node_paths_name_the_variable_that_asks_for_each():
     settings = {"sgx_devices": ["/dev/sgx/enclave", "/dev/sgx/provision:/dev/p"], "extra_devices": ["/dev/fuse"],
                 "sgx_aesm_socket": True, "sgx_aesm_socket_path": "/var/run/aesmd"}
-    assert spec.node_paths(settings) == [
+    assert node_settings.node_paths(settings) == [
         {"path": "/dev/sgx/enclave", "variable": "launch_sgx_devices"},
         {"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"},
         {"path": "/dev/fuse", "variable": "launch_extra_devices"},
         {"path": "/var/run/aesmd", "variable": "launch_sgx_aesm_socket_path"},
     ]
-    assert spec.node_paths({"sgx_aesm_socket": False, "sgx_aesm_socket_path": "/x"}) == []
+    assert node_settings.node_paths({"sgx_aesm_socket": False, "sgx_aesm_socket_path": "/x"}) == []
 
 
 def test_routes_keep_what_a_lookup_needs_with_their_family():
@@ -69,7 +71,7 @@ def test_routes_keep_what_a_lookup_needs_with_their_family():
 
 
 def test_a_missing_path_fails_naming_it_and_its_variable():
-    check = spec.missing_path_check({"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"})
+    check = preflight.missing_path_check({"path": "/dev/sgx/provision", "variable": "launch_sgx_devices"})
     assert check["that"] is False and check["kind"] == "node" and check["variable"] == "launch_sgx_devices"
     assert check["msg"].startswith("/dev/sgx/provision does not exist on the node")
 
@@ -99,7 +101,7 @@ def _checks(**kw):
             "job": "train", "planning": False, "replace": False}
     for k, v in kw.items():
         (args if k in args else opts)[k] = v
-    return [c for c in spec.node_checks(args["host"], args["reading"], args["ready"], args["running"],
+    return [c for c in preflight.node_checks(args["host"], args["reading"], args["ready"], args["running"],
                                         args["table"], **opts) if not c["that"]]
 
 
@@ -160,7 +162,7 @@ IMAGE_USER = {"entry": ["torchfleet", "x", "61000", "61000", "", "/home/torchfle
 
 def _mesh(reading=None, image_account=IMAGE_USER, master=False, **settings):
     reading = {"missing": [], "account": None, **(reading or {})}
-    return [c for c in spec.mesh_checks(reading, image_account, {**MESH, **settings}, master, "img:1") if not c["that"]]
+    return [c for c in mpirun.mesh_checks(reading, image_account, {**MESH, **settings}, master, "img:1") if not c["that"]]
 
 
 def test_a_node_with_its_mesh_file_a_free_uid_and_an_image_with_the_user_passes():
@@ -201,7 +203,7 @@ def test_the_mesh_checks_come_with_the_node_checks_under_mpirun_only():
             "launch__job_containers": {"images": [{"Id": "sha256:1"}], "containers": [],
                                        "image_account": {"entry": None, "error": None}}}
     failed = [(c["host"], c["variable"]) for c in filters.node_checks([node], ["node-2"], table, False, "img:1", "t",
-                                                                      mpirun=True) if not c["that"]]
+                                                                      mode="mpirun") if not c["that"]]
     assert failed == [("node-2", "launch_mode"), ("node-2", "launch_ssh_uid")]
     assert [c for c in filters.node_checks([node], ["node-2"], table, False, "img:1", "t") if not c["that"]] == []
 

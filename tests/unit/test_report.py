@@ -118,7 +118,7 @@ the job to be terminated. The first process to do so was:
 
 
 def test_mpirun_output_splits_into_rank_logs_and_names_the_failed_rank():
-    from torchfleet.report import mpirun_finals, split_mpirun_log
+    from torchfleet.modes.mpirun import rank_finals as mpirun_finals, split_log as split_mpirun_log
 
     logs = split_mpirun_log(MPIRUN_LOG, 3)
     assert logs == {0: "rank 0 up\n", 1: "rank 1 up\nrank 1: simulated crash\n", 2: "rank 2 up\n"}
@@ -146,7 +146,7 @@ Root Cause (first observed failure):
 
 
 def test_torchrun_output_splits_by_local_rank_and_names_the_failed_one():
-    from torchfleet.report import split_torchrun_log, torchrun_finals
+    from torchfleet.modes.torchrun import node_finals as torchrun_finals, split_log as split_torchrun_log
 
     logs = split_torchrun_log(TORCHRUN_LOG, 2)
     assert logs[0] == "2026-11-22T06:50:00.000Z INFO     [rank 2] Joined\n"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness import role_guard
-from torchfleet import spec
+from torchfleet import inputs, modes, preflight, spec
+from torchfleet.modes import context
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import rank_table
 
@@ -62,7 +63,7 @@ def settings(**over):
         "gloo_tls": False, "tls_node_dir": TLS_NODE_DIR, "tls_mount": TLS_MOUNT, "oom_kill_disable": False,
         "mpirun_args": [], "ssh_port": SSH_PORT, "ssh_user": "trainer", "ssh_uid": SSH_UID, "ssh_gid": SSH_GID,
         "ssh_node_dir": "/etc/tf/ssh", "ssh_client_dir": "/etc/tf/ssh-client", "ssh_container_dir": "/etc/tf/sshc",
-        "sshd_path": "/usr/sbin/sshd", "ssh_launcher": "", "malloc": "default",
+        "sshd_path": "/usr/sbin/sshd", "ssh_launcher": "", "malloc": "default", "checkpoint_dir": "",
     }
     s.update(over)
     return s
@@ -81,7 +82,7 @@ def make(mode="container", runtime=None, *, pinning=False, secret=None, args=Non
     for host, address, _, nproc in HOSTS:
         s = settings(**common)
         s.update((per_host or {}).get(host, {}))
-        parts = spec.split_site_env(s, secret, host)
+        parts = inputs.split_site_env(s, secret, host)
         nodes[host] = {"address": address, "interface": "eth0", "nproc": nproc,
                        "pinning": [dict(p) for p in PINNING[host]] if pinning else [],
                        "mpi_network": "10.0.0.0/24" if (mode == "mpirun" and host == MASTER) else "",
@@ -221,10 +222,10 @@ def test_threads_share_the_nodes_cpus_at_least_one(mode, runtime):
 
 
 def test_threads_function_directly():
-    assert spec.threads({"nproc": 7, "settings": {}}, 2) == [3, 3]
-    assert spec.threads({"nproc": 7, "settings": {"omp_num_threads": "2"}}, 3) == [2, 2, 2]
-    assert spec.threads({"nproc": 0, "settings": {}}, 4) == [1, 1, 1, 1]
-    assert spec.threads({"nproc": 16, "pinning": PINNING["node-1"], "settings": {"omp_num_threads": 0}}, 2) == [3, 4]
+    assert context.threads({"nproc": 7, "settings": {}}, 2) == [3, 3]
+    assert context.threads({"nproc": 7, "settings": {"omp_num_threads": "2"}}, 3) == [2, 2, 2]
+    assert context.threads({"nproc": 0, "settings": {}}, 4) == [1, 1, 1, 1]
+    assert context.threads({"nproc": 16, "pinning": PINNING["node-1"], "settings": {"omp_num_threads": 0}}, 2) == [3, 4]
 
 
 # --- pinning --------------------------------------------------------------------------------
@@ -579,7 +580,7 @@ def test_gloo_tcp_iface_is_refused(mode, runtime):
 
 def test_secret_named_rank_is_refused_when_split():
     with pytest.raises(InventoryError) as exc:
-        spec.split_site_env(settings(), {"RANK": "1"}, "node-2")
+        inputs.split_site_env(settings(), {"RANK": "1"}, "node-2")
     assert (exc.value.variable, exc.value.host) == ("launch_secret_env", "node-2")
 
 
@@ -655,9 +656,9 @@ def test_bad_extra_volume_is_refused(mode, runtime, volume):
 
 def test_bad_mode_is_refused():
     with pytest.raises(InventoryError) as exc:
-        build("slurm")
+        build("teleport")
     assert exc.value.variable == "launch_mode" and exc.value.host is None
-    assert "slurm" in str(exc.value)
+    assert "teleport" in str(exc.value)
 
 
 # --- placeholders ---------------------------------------------------------------------------
@@ -684,17 +685,17 @@ def test_placeholders_become_the_modes_paths(mode, runtime):
 @pytest.mark.parametrize("name", ["", "a b", "-x", ".hidden", "a/b", "x" * 64, None, 7])
 def test_check_job_refuses(name):
     with pytest.raises(InventoryError) as exc:
-        spec.check_job(name)
+        inputs.check_job(name)
     assert exc.value.variable == "launch_job"
 
 
 @pytest.mark.parametrize("name", ["mnist", "job_1.2", "A-b", "x" * 63])
 def test_check_job_accepts(name):
-    assert spec.check_job(name) == name
+    assert inputs.check_job(name) == name
 
 
 def test_new_run_id_unique_across_100_calls():
-    ids = [spec.new_run_id() for _ in range(100)]
+    ids = [inputs.new_run_id() for _ in range(100)]
     assert len(set(ids)) == 100
 
 
@@ -702,23 +703,23 @@ def test_new_run_id_unique_within_one_second():
     """Two launches in the same second must not share a run id (it names containers and
     folders). With a 4-hex-digit suffix, 1000 ids in one second collide almost surely."""
     now = datetime(2024, 5, 1, 10, 15, 0, tzinfo=timezone.utc)
-    ids = [spec.new_run_id(now) for _ in range(1000)]
+    ids = [inputs.new_run_id(now) for _ in range(1000)]
     assert len(set(ids)) == len(ids)
 
 
 def test_new_run_id_sorts_by_time():
     base = datetime(2024, 9, 30, 23, 59, 59, tzinfo=timezone.utc)
     times = [base + timedelta(seconds=s) for s in (0, 1, 61, 3600, 86400 * 40, 86400 * 400)]
-    ids = [spec.new_run_id(t) for t in times]
+    ids = [inputs.new_run_id(t) for t in times]
     assert sorted(ids) == ids
     assert ids[0].startswith("20240930-235959-") and ids[1].startswith("20241001-000000-")
-    later = spec.new_run_id()
-    assert later > spec.new_run_id(datetime(2020, 1, 1, tzinfo=timezone.utc))
+    later = inputs.new_run_id()
+    assert later > inputs.new_run_id(datetime(2020, 1, 1, tzinfo=timezone.utc))
 
 
 def test_new_run_id_is_a_valid_job_name():
     # It names containers and folders just as launch_job does.
-    assert spec.check_job(spec.new_run_id())
+    assert inputs.check_job(inputs.new_run_id())
 
 
 # --- to_dict --------------------------------------------------------------------------------
@@ -739,7 +740,7 @@ def test_phases_of_a_single_node_job():
     job = {"run_id": RUN_ID, "job": JOB, "mode": "container", "image": IMAGE, "container_prefix": PREFIX,
            "command": [], "args": [], "workload_argv": ["python3", "mnist.py"], "guard": role_guard()}
     table = rank_table([{"name": "solo", "address": "10.0.0.50", "procs": 3}], PORT)
-    parts = spec.split_site_env(settings(), None, "solo")
+    parts = inputs.split_site_env(settings(), None, "solo")
     nodes = {"solo": {"address": "10.0.0.50", "interface": "eth0", "nproc": 6, "pinning": [],
                       "settings": settings(), "env_public": parts["public"], "env_shown": parts["shown"]}}
     built = spec.build(job, table, nodes)
@@ -797,7 +798,7 @@ def test_numbers_out_of_range_are_each_named_with_their_bounds():
               {"name": "launch_guard_poll_interval", "value": 0, "min": 0.05, "max": 60},
               {"name": "launch_keep_runs", "value": 3, "min": 1, "max": None},
               {"name": "launch_node_timeout", "value": "soon", "min": 1, "max": None}]
-    assert spec.out_of_range(checks) == [
+    assert inputs.out_of_range(checks) == [
         {"variable": "launch_timeout", "message": "launch_timeout=-1 must be at least 0 (0: no limit)"},
         {"variable": "launch_guard_port", "message": "launch_guard_port=70000 must be between 1 and 65535"},
         {"variable": "launch_guard_poll_interval",
@@ -820,39 +821,40 @@ def _input_values(**over):
 
 
 def test_node_input_reads_each_setting_from_its_variable_typed():
-    got = spec.node_input(_input_values(), "node-2")
+    got = inputs.node_input(_input_values(), "node-2")
     s = got["settings"]
-    assert (s["omp_num_threads"], s["gloo_tls"], s["tls_node_dir"], s["ssh_port"]) == (2, True, "/etc/pki", 2222)
-    # Only mpirun launches from ssh_mesh_launcher's node.
-    assert s["ssh_launcher"] == ""
-    assert spec.node_input(_input_values(launch_mode="mpirun"), "node-2")["settings"]["ssh_launcher"] == "node-1"
+    assert (s["omp_num_threads"], s["gloo_tls"], s["tls_node_dir"]) == (2, True, "/etc/pki")
+    # A mode's own settings (mpirun's SSH mesh) are read under that mode only.
+    assert "ssh_launcher" not in s and "ssh_port" not in s
+    mesh = inputs.node_input(_input_values(launch_mode="mpirun"), "node-2")["settings"]
+    assert (mesh["ssh_launcher"], mesh["ssh_port"]) == ("node-1", 2222)
     # The builder reads the same names as the settings the tests build by hand.
-    assert set(s) == set(settings()) - {"proxy_env", "extra_env"}
+    assert set(mesh) == set(settings()) - {"proxy_env", "extra_env"}
 
 
 def test_node_input_says_whether_the_ranks_run_bare_as_the_spec_decides_its_image():
     cases = {("process", "container"): True, ("torchrun", "process"): True, ("torchrun", "container"): False,
              ("container", "process"): False, ("mpirun", "process"): False}
     for (mode, runtime), bare in cases.items():
-        got = spec.node_input(_input_values(launch_mode=mode, launch_torchrun_runtime=runtime), "node-2")
+        got = inputs.node_input(_input_values(launch_mode=mode, launch_torchrun_runtime=runtime), "node-2")
         assert got["bare"] is bare, (mode, runtime)
-        assert (spec.mode_runtime(mode, runtime) == "process") is bare
+        assert (modes.get(mode).runtime({"torchrun_runtime": runtime}) == "process") is bare
     # An unset runtime is the container's, as launch_torchrun_runtime's default.
-    assert spec.node_input(_input_values(launch_mode="torchrun"), "node-2")["bare"] is False
+    assert inputs.node_input(_input_values(launch_mode="torchrun"), "node-2")["bare"] is False
 
 
 def test_node_input_keeps_secret_values_out_and_shows_them_masked():
-    got = spec.node_input(_input_values(), "node-2")
+    got = inputs.node_input(_input_values(), "node-2")
     assert got["has_secrets"] is True
     assert "s3cret" not in repr(got) and "pw@" not in repr(got)
     assert got["env_public"] == {"A": "1"}
     assert got["env_shown"]["TOKEN"] != "s3cret" and "***" in got["env_shown"]["https_proxy"]
-    assert spec.node_input(_input_values(launch_secret_env={}, launch_proxy_env={}), "n")["has_secrets"] is False
+    assert inputs.node_input(_input_values(launch_secret_env={}, launch_proxy_env={}), "n")["has_secrets"] is False
 
 
 def test_node_input_names_every_bad_number_and_bad_secret_name_at_once():
     with pytest.raises(InventoryError) as err:
-        spec.node_input(_input_values(launch_keep_runs=0, launch_guard_poll_interval=0,
+        inputs.node_input(_input_values(launch_keep_runs=0, launch_guard_poll_interval=0,
                                       launch_secret_env={"BAD NAME": "x"}), "node-3")
     assert (err.value.host, err.value.variable) == ("node-3", "launch_guard_poll_interval")
     assert "launch_keep_runs=0 must be at least 1" in str(err.value) and "BAD NAME" in str(err.value)
@@ -860,7 +862,7 @@ def test_node_input_names_every_bad_number_and_bad_secret_name_at_once():
 
 def test_every_variable_node_input_reads_is_a_role_default():
     defaults = (Path(__file__).parents[2] / "roles/launch/defaults/main.yml").read_text()
-    launch_vars = [v for v in spec.INPUT_VARIABLES if v.startswith("launch_")]
+    launch_vars = [v for v in inputs.input_variables() if v.startswith("launch_")]
     assert [v for v in launch_vars if f"\n{v}:" not in defaults] == []
 
 
@@ -871,7 +873,9 @@ def test_node_entry_takes_the_interface_to_the_master_and_the_first_ranks_addres
     routes = [{"dst": "10.0.0.0/24", "dev": "eth1"}]
     checked = {"settings": {"python": "p"}, "env_public": {}, "env_shown": {}}
     b = spec.node_entry("b", table, "process", {"nproc": "8", "ip_addr": ip_addr, "routes": routes}, checked, None)
-    assert (b["address"], b["interface"], b["nproc"], b["pinning"], b["mpi_network"]) == ("10.0.0.2", "eth1", 8, [], "")
+    assert (b["address"], b["interface"], b["nproc"], b["pinning"]) == ("10.0.0.2", "eth1", 8, [])
+    # Only mpirun's master reads the network of its address (LaunchMode.node_facts).
+    assert "mpi_network" not in b
     a_addr = [{"ifname": "eth0", "addr_info": [{"local": "10.0.0.1", "prefixlen": 24}]}]
     a = spec.node_entry("a", table, "mpirun", {"nproc": 4, "ip_addr": a_addr, "routes": []}, checked, [{"cpuset": "0"}])
     assert (a["interface"], a["mpi_network"], a["pinning"]) == ("eth0", "10.0.0.0/24", [{"cpuset": "0"}])
@@ -895,15 +899,15 @@ def test_node_input_checks_the_overlays_numbers_only_under_wireguard():
     overlay = {"launch_transport": "wireguard", "launch_overlay_interface": "tfwg0", "launch_master_port": 29500,
                "launch_overlay_probe_port": 29501, "launch_overlay_probe_timeout": 3,
                "launch_overlay_handshake_max_age": 180}
-    assert spec.node_input(_input_values(**overlay), "n")["overlay_interface"] == "tfwg0"
-    assert spec.node_input(_input_values(**{**overlay, "launch_transport": "tcp", "launch_overlay_probe_port": 0}),
+    assert inputs.node_input(_input_values(**overlay), "n")["overlay_interface"] == "tfwg0"
+    assert inputs.node_input(_input_values(**{**overlay, "launch_transport": "tcp", "launch_overlay_probe_port": 0}),
                            "n")["overlay_interface"] == ""
     for bad, variable in (({"launch_overlay_probe_port": 29500}, "launch_overlay_probe_port"),
                           ({"launch_overlay_probe_port": 70000}, "launch_overlay_probe_port"),
                           ({"launch_overlay_probe_timeout": 0}, "launch_overlay_probe_timeout"),
                           ({"launch_overlay_handshake_max_age": 0}, "launch_overlay_handshake_max_age")):
         with pytest.raises(InventoryError) as err:
-            spec.node_input(_input_values(**{**overlay, **bad}), "node-2")
+            inputs.node_input(_input_values(**{**overlay, **bad}), "node-2")
         assert (err.value.host, err.value.variable) == ("node-2", variable)
 
 
@@ -944,7 +948,7 @@ def test_a_sites_own_preload_and_malloc_conf_are_kept():
 
 
 def test_node_input_reads_launch_malloc():
-    assert spec.node_input(_input_values(launch_malloc="jemalloc"), "node-2")["settings"]["malloc"] == "jemalloc"
+    assert inputs.node_input(_input_values(launch_malloc="jemalloc"), "node-2")["settings"]["malloc"] == "jemalloc"
 
 
 @pytest.mark.parametrize("bare", [True, False])
@@ -952,17 +956,17 @@ def test_a_node_without_the_allocator_is_refused_naming_the_variable(bare):
     table = {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-1"}
     kw = dict(bare=bare, runtime="/opt/venv/bin/python" if bare else "train:1", job="j", replace=False)
     missing = {"libtcmalloc.so.4": None}
-    checks = spec.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"}, planning=False,
+    checks = preflight.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"}, planning=False,
                               libraries=missing, **kw)
     failed = [c for c in checks if not c["that"]]
     assert [c["variable"] for c in failed] == ["launch_malloc"]
     assert "libtcmalloc.so.4" in failed[0]["msg"] and "libgoogle-perftools4" in failed[0]["msg"]
     assert ("launch_python" if bare else "launch_image train:1") in failed[0]["msg"]
     found = {"libtcmalloc.so.4": "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"}
-    assert all(c["that"] for c in spec.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"},
+    assert all(c["that"] for c in preflight.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"},
                                                    planning=False, libraries=found, **kw))
     # A plan reports, and a node without the runtime is left to the runtime's own check.
-    assert all(c["that"] for c in spec.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"},
+    assert all(c["that"] for c in preflight.node_checks("node-2", {}, True, [], table, settings={"malloc": "tcmalloc"},
                                                    planning=True, libraries=missing, **kw))
-    assert not [c for c in spec.node_checks("node-2", {}, False, [], table, settings={"malloc": "tcmalloc"},
+    assert not [c for c in preflight.node_checks("node-2", {}, False, [], table, settings={"malloc": "tcmalloc"},
                                             planning=False, libraries=None, **kw) if c["variable"] == "launch_malloc"]

@@ -23,6 +23,7 @@ from torchfleet import cpus
 from torchfleet.errors import InventoryError
 from torchfleet.k8s.schema import DNS1035_LABEL, SchemaError, check
 from torchfleet.ranks import PROCS_VAR, RANK_ENV_NAMES
+from torchfleet.units import CONTAINER_CHECKPOINTS
 
 __all__ = ["FORMATS", "VARIABLES", "SchemaError", "check", "render", "to_yaml", "variables"]
 
@@ -288,6 +289,9 @@ def _volumes(rank: Mapping[str, Any], k8s: Mapping[str, str]) -> tuple[list[dict
                                                                       "readOnly": bool(m.get("read_only"))}})
         elif tls and target == tls:
             continue  # launch_gloo_tls, refused with its variable
+        elif target == CONTAINER_CHECKPOINTS:
+            refused.append(("launch_checkpoint_dir", f"launch_checkpoint_dir mounts the host path {m['source']} at "
+                                                     f"{target}; a pod's volumes are the cluster's, so remove it"))
         elif "aesm" in target:
             refused.append(("launch_sgx_aesm_socket", f"launch_sgx_aesm_socket mounts the host's {target}, which no "
                                                       "pod has; remove it"))

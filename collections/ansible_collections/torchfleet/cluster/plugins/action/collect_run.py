@@ -16,7 +16,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import outputs, report, spec
+from torchfleet import inputs, outputs, report
 from torchfleet.errors import InventoryError
 
 display = Display()
@@ -36,7 +36,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = core.validate_args(self, ARGS)
         host, run_spec, node_run_dir = task_vars["inventory_hostname"], args["spec"], args["node_run_dir"]
-        bad = spec.out_of_range([{"name": outputs.VARIABLE, "value": args["out_max_mb"], "min": 0,
+        bad = inputs.out_of_range([{"name": outputs.VARIABLE, "value": args["out_max_mb"], "min": 0,
                                   "max": outputs.MAX_MB, "why": " (0: bring no out folder back)"}])
         if bad:
             return core.fail_input(result, InventoryError(bad[0]["message"], host, outputs.VARIABLE))

@@ -6,7 +6,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import hosts, lookalike, spec
+from torchfleet import hosts, inputs, lookalike
 from torchfleet.errors import InventoryError
 
 display = Display()
@@ -38,7 +38,7 @@ class ActionModule(ActionBase):
         try:
             read = {h: self._templar.template({k: hostvars[h][k] for k in _READ if k in hostvars[h]}) for h in names}
             for run_id in sorted({str(v["launch_run_id"]) for v in read.values() if v.get("launch_run_id")}):
-                spec.check_run_id(run_id)
+                inputs.check_run_id(run_id)
             hosts.refuse_shared_targets({h: hosts.connection_target(h, read[h]) for h in names})
         except InventoryError as exc:
             return core.fail_input(result, exc)

@@ -5,7 +5,7 @@ import os
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import cpus, spec
+from torchfleet import cpus, inputs, settings
 from torchfleet.errors import InventoryError
 
 ARGS = {"role": {"type": "path", "required": True}, "pinning_role": {"type": "path", "required": True}, "probe": {"type": "dict", "required": True}}
@@ -20,25 +20,26 @@ class ActionModule(ActionBase):
         host = task_vars["inventory_hostname"]
         options = core.role_spec_options(args["role"])
         # One templating of both sets: each costs the worker a compile per expression.
-        names = set(options) | set(spec.INPUT_VARIABLES)
+        names = set(options) | set(inputs.input_variables())
         values = self._templar.template({n: task_vars[n] for n in names if n in task_vars})
         try:
             core.check_role_types(options, values, host, "the launch role's arguments: ")
-            checked = spec.node_input(values, host)
+            checked = inputs.node_input(values, host)
             checked["pinning"] = self._pinning(args["pinning_role"], task_vars, host)
         except InventoryError as exc:
             return core.fail_input(result, exc)
-        paths = [p["path"] for p in spec.node_paths(checked["settings"])]
+        paths = [p["path"] for p in settings.node_paths(checked["settings"])]
         probe = dict(args["probe"], facts="ansible_all_ipv4_addresses" not in task_vars,
                      topology=checked["pinning"]["enabled"], paths=paths)
-        checked["malloc_libraries"] = [lib for lib in [spec.malloc_library(checked["settings"].get("malloc"))] if lib]
+        checked["malloc_libraries"] = [lib for lib in [settings.malloc_library(checked["settings"].get("malloc"))] if lib]
         if checked["bare"]:
             # A container launch asks the image instead (rank_containers' image_libraries).
             probe["libraries"] = checked["malloc_libraries"]
-        if values.get("launch_mode") == "mpirun":
-            # The mesh's files, and the node's account of the mesh's uid (spec.mesh_checks).
-            probe.update(paths=paths + list(spec.mesh_paths(checked["settings"]).values()),
-                         uid=checked["settings"]["ssh_uid"])
+        # What the launch mode reads on the node besides (LaunchMode.probe).
+        needs = checked["mode_probe"]
+        probe["paths"] = paths + list(needs.get("paths") or [])
+        if needs.get("uid") is not None:
+            probe["uid"] = needs["uid"]
         result.update(self._execute_module("torchfleet.cluster.node_probe", module_args=probe, task_vars=task_vars))
         if not result.get("failed"):
             result["ansible_facts"] = dict(result.get("ansible_facts") or {}, launch__input=checked)

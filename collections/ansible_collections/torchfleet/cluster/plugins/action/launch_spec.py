@@ -1,12 +1,13 @@
 """Compute a launch's spec once, on the controller: what every rank of the job runs and sees."""
 
 import json
+import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_vocab
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import cpus, hosts, spec
+from torchfleet import cpus, hosts, inputs, modes, spec
 from torchfleet.errors import InventoryError
 
 ARGS = {
@@ -30,8 +31,8 @@ class ActionModule(ActionBase):
             outside = [h for h in args["hosts"] if h not in args["group"]]
             if outside:
                 raise InventoryError("is not in the launch group launch_hosts_group", outside[0], "launch_hosts_group")
-            spec.check_job(job.get("job"))
-            job["run_id"] = spec.check_run_id(job["run_id"]) if job.get("run_id") else spec.new_run_id()
+            inputs.check_job(job.get("job"))
+            job["run_id"] = inputs.check_run_id(job["run_id"]) if job.get("run_id") else inputs.new_run_id()
             # Two names for one machine: what each node said of itself (node_probe's identity).
             hosts.refuse_same_identity({h: hostvars[h]["launch__node_state"].get("identity") for h in args["hosts"]})
             nodes = {h: _node(h, args["table"], job.get("mode"), hostvars[h]) for h in args["hosts"]}
@@ -44,12 +45,13 @@ class ActionModule(ActionBase):
         # node would get every other's guard config, the square of the cluster's size.
         kept = {k: v for k, v in redacted.items() if k != "files"}
         common = {run_vocab.SPEC: json.dumps(kept, sort_keys=True, separators=(",", ":"))}
-        # The guard, and beside it the run's vocabulary that it imports.
-        for name, module in ((run_vocab.GUARD_SOURCE, guard), (run_vocab.VOCAB_SOURCE, run_vocab)):
-            with open(module.__file__) as fh:
+        # The guard, and beside it the modules it imports (the run's vocabulary among them).
+        module_utils = os.path.dirname(run_vocab.__file__)
+        for name in run_vocab.GUARD_SOURCES:
+            with open(os.path.join(module_utils, name)) as fh:
                 common[name] = fh.read()
         result.update(changed=False, spec=redacted, nodes=spec.redacted(nodes), common_files=common,
-                      unit_index=spec.unit_index(redacted["units"]))
+                      unit_index=spec.unit_index(redacted["units"], modes.get(built.mode).phased_start))
         return result
 
 

@@ -7,7 +7,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401  # pylint: disable=unused-import
-from torchfleet import cpus, hosts, overlay, ranks, redact, slurm, spec
+from torchfleet import cpus, hosts, inputs, overlay, preflight, ranks, redact, settings, slurm
 from torchfleet.errors import InventoryError
 
 
@@ -59,13 +59,19 @@ def overlay_allocate_error(network, hosts, explicit=None, previous=None):
 
 
 def split_site_env(settings, secret, host):
-    """A node's rank environment: open part, secret part and what may be shown (torchfleet.spec).
+    """A node's rank environment: open part, secret part and what may be shown (torchfleet.inputs).
     Bad names come back as ``error`` (names only, never a value): the task that splits runs
     under no_log, which would hide the message, so a check after it reports it."""
     try:
-        return spec.split_site_env(settings, secret, host)
+        return inputs.split_site_env(settings, secret, host)
     except InventoryError as exc:
         return {"public": {}, "secret": {}, "shown": {}, "error": {"message": str(exc), "variable": exc.variable}}
+
+
+def run_master(names, hostvars):
+    """The node of ``names`` that a launch from this inventory makes the master, or "" where
+    the inventory cannot say (torchfleet.ranks.likely_master)."""
+    return ranks.likely_master(names, {n: hostvars[n].get(ranks.NODE_RANK_VAR) for n in names}) or ""
 
 
 def running_runs(nodes, bare):
@@ -110,7 +116,7 @@ def files_to_copy(names, src_files, dest_files, mode, owner=None, group=None):
 
 def taken_port_check(port, table, skip=False):
     """A check_input entry for a port that already listens on the master (passes when ``skip``)."""
-    return spec.taken_port_check(port, table, skip)
+    return preflight.taken_port_check(port, table, skip)
 
 
 def runtime_ready(node, bare):
@@ -121,17 +127,17 @@ def runtime_ready(node, bare):
     return len((node.get("launch__job_containers") or {}).get("images") or []) == 1
 
 
-def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=False, mpirun=False):
-    """check_input's checks of every node's state (torchfleet.spec.node_checks), each with
+def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=False, mode="container"):
+    """check_input's checks of every node's state (torchfleet.preflight.node_checks), each with
     its host, from what each node's own tasks read (``nodes``: the hostvars of ``hosts``):
     one task on the controller, where a task per node costs a process per node."""
     checks = []
     for host, node in zip(hosts, nodes):
         settings = (node.get("launch__input") or {}).get("settings") or {}
-        found = spec.node_checks(host, node.get("launch__node_state") or {}, runtime_ready(node, bare),
+        found = preflight.node_checks(host, node.get("launch__node_state") or {}, runtime_ready(node, bare),
                                  running_runs([node], bare), table, bare=bare,
                                  runtime=settings.get("python") if bare else image, settings=settings, job=job,
-                                 planning=planning, replace=replace, mpirun=mpirun,
+                                 planning=planning, replace=replace, mode=mode,
                                  image_account=(node.get("launch__job_containers") or {}).get("image_account"),
                                  libraries=((node.get("launch__node_state") if bare else
                                              node.get("launch__job_containers")) or {}).get("libraries"))
@@ -143,7 +149,7 @@ def plan_lines(nodes, hosts, table):
     """One line per node of the plan: its ranks, interface and cpusets (``nodes``: each host's launch__node)."""
     return [f"{host} runs ranks {','.join(str(r['rank']) for r in table['ranks'] if r['host'] == host)} on "
             f"{node['interface']}, cpusets {' '.join(p['cpuset'] for p in node['pinning']) or 'unpinned'}, preloads "
-            f"{spec.malloc_library((node.get('settings') or {}).get('malloc')) or 'nothing (glibc malloc)'}"
+            f"{settings.malloc_library((node.get('settings') or {}).get('malloc')) or 'nothing (glibc malloc)'}"
             for host, node in zip(hosts, nodes)]
 
 
@@ -204,6 +210,7 @@ class FilterModule:
             "node_checks": node_checks,
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
+            "run_master": run_master,
             "files_to_copy": files_to_copy,
             "run_file": run_file,
             "plan_lines": plan_lines,

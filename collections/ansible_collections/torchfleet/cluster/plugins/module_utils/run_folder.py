@@ -39,7 +39,7 @@ def _tail(path, lines):
         return []
 
 
-def read_run(run_dir, tail_lines=0, with_spec=False):
+def read_run(run_dir, tail_lines=0, with_spec=False, with_record=False):
     config = _json(os.path.join(run_dir, vocab.GUARD_CONFIG)) or {}
     units = {}
     for path in glob.glob(os.path.join(run_dir, vocab.GUARD_RECORDS)):
@@ -56,6 +56,8 @@ def read_run(run_dir, tail_lines=0, with_spec=False):
             "has_spec": os.path.exists(os.path.join(run_dir, vocab.SPEC)),
             "started": os.path.getmtime(run_dir)}
     info["state"] = vocab.summarize(info)
+    if with_record:
+        info["record"] = vocab.run_record(config, info["job_state"], info["job_age_s"])
     if with_spec:
         info["spec"] = _json(os.path.join(run_dir, vocab.SPEC))
     if tail_lines:
@@ -99,10 +101,12 @@ def write_files(run_dir, files):
     return changed
 
 
-def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=None, check=False):
+def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=None, check=False, dirs=()):
     """Make the run's folder: the workload first when one is given (its folder replaced
     whole), then the oldest finished runs beyond ``keep`` pruned, the folder created and
-    ``files`` written into it, each whole. Returns the result's fields."""
+    ``files`` written into it, each whole; and ``dirs``, folders the ranks keep across runs
+    (launch_checkpoint_dir), made where missing. Both get ``owner`` and ``group``. Returns
+    the result's fields."""
     bad = [name for name in files if not name or os.path.basename(name) != name or name in (".", "..")]
     if bad:
         raise PrepareError(f"files: {', '.join(map(repr, bad))} must be plain file names")
@@ -117,14 +121,16 @@ def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=N
             raise PrepareError(f"cannot unpack the workload into {workload.get('dest')}: {exc}") from exc
     runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d) and d != run_dir]
     removed = prune(runs_dir, runs, keep)
-    created = not os.path.isdir(run_dir)
-    os.makedirs(run_dir, mode=0o755, exist_ok=True)
-    if owner is not None or group is not None:
-        stat = os.stat(run_dir)
-        if (stat.st_uid, stat.st_gid) != (owner if owner is not None else stat.st_uid,
-                                          group if group is not None else stat.st_gid):
-            os.chown(run_dir, -1 if owner is None else owner, -1 if group is None else group)
-            created = True
+    created = False
+    for folder in [run_dir, *dirs]:
+        created = not os.path.isdir(folder) or created
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        if owner is not None or group is not None:
+            stat = os.stat(folder)
+            if (stat.st_uid, stat.st_gid) != (owner if owner is not None else stat.st_uid,
+                                              group if group is not None else stat.st_gid):
+                os.chown(folder, -1 if owner is None else owner, -1 if group is None else group)
+                created = True
     written = write_files(run_dir, {k: str(v) for k, v in files.items()})
     return {"changed": bool(created or written or removed or workload), "removed": removed, "written": written,
             "workload": (workload or {}).get("dest")}

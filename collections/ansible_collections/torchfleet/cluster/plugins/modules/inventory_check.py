@@ -14,7 +14,7 @@ description:
     come back as C(torchfleet_warnings), failed or not.
   - Then fails, with C(torchfleet_error) naming the variable, on an inventory without the
     group I(group) (naming the groups it has), on a launch_run_id that is not a plain name
-    (torchfleet.spec.RUN_ID), and on two hosts whose connections go to one address and port
+    (torchfleet.inputs.RUN_ID), and on two hosts whose connections go to one address and port
     (torchfleet.hosts).
 author: torchfleet developers (!UNKNOWN)
 notes:

@@ -37,13 +37,6 @@ options:
   abort:
     description: Why the guards stopped the run (C(kind), C(host), C(reason)), as the controller saw it; else C(job.json)'s.
     type: dict
-  mpirun_log:
-    description: mpirun's tagged output on the controller (mpirun mode); split into rank logs.
-    type: path
-  torchrun:
-    description: torchrun mode; each node's C(torchrun-<host>.log) is split into rank logs.
-    type: bool
-    default: false
   master_listened:
     description: Whether MASTER_PORT opened; when not, the other ranks were never started.
     type: bool

@@ -11,7 +11,7 @@ description:
     as Ansible's own check of a role's arguments would. The playbooks that run this task
     include the role with C(rolespec_validate=false); that check is a task of its own on
     every node, and cost a launch at 48 nodes about 0.1 s of controller CPU per node.
-  - Reads the host's launch variables itself (torchfleet.spec.INPUT_VARIABLES) and checks
+  - Reads the host's launch variables itself (torchfleet.inputs.input_variables()) and checks
     what argument_specs cannot, the numbers' ranges and the names of the secret
     environment. A failure returns C(torchfleet_error) with the host and the variable,
     every failure in one message.

@@ -12,7 +12,7 @@ description:
     (torchfleet.cpus.plan), checks them together, and returns the spec every start task applies
     and the plan shows.
   - Fails with C(torchfleet_error) (host, variable) on bad input, a launch_run_id that is not a
-    plain name (torchfleet.spec.RUN_ID), and two hosts whose nodes report one identity
+    plain name (torchfleet.inputs.RUN_ID), and two hosts whose nodes report one identity
     (M(torchfleet.cluster.node_probe)'s C(identity); torchfleet.hosts). The inventory's own checks,
     and the warnings about variables that look like torchfleet's, come before, from
     M(torchfleet.cluster.inventory_check).

@@ -47,6 +47,11 @@ options:
     description: With I(state=present), file name to content; names have no folder part.
     type: dict
     default: {}
+  dirs:
+    description: With I(state=present), folders the ranks keep across runs (C(launch_checkpoint_dir)), made where missing, with I(owner) and I(group).
+    type: list
+    elements: path
+    default: []
   workload:
     description:
       - With I(state=present), the workload to install before the run's folder is made. The
@@ -91,6 +96,14 @@ options:
     default: 0
   spec:
     description: With I(run_id), also return the run's C(spec.json).
+    type: bool
+    default: false
+  record:
+    description:
+      - With I(run_id), also return the run as the guard hosting its store records it on this
+        node, the master (C(job.json) with C(guard.json)'s units), each node's units included,
+        for a status that reads the master alone. Null where that record cannot speak for the run
+        (none here, not rewritten for the run's node timeout, or a run that ended).
     type: bool
     default: false
   wait:
@@ -139,7 +152,7 @@ found:
   returned: with run_id, unless state=present
   type: bool
 run:
-  description: With I(run_id), the run as its guards record it (C(job_state), C(units), C(logs), C(stop_requested), ...); null when not found.
+  description: With I(run_id), the run as its guards record it (C(job_state), C(units), C(logs), C(stop_requested), C(record), ...); null when not found.
   returned: with run_id, unless state=present
   type: dict
 runs:
@@ -210,12 +223,14 @@ def main():
             "state": {"type": "str", "choices": ["info", "stopped", "present"], "default": "info"},
             "files": {"type": "dict", "default": {}},
             "workload": {"type": "dict"},
+            "dirs": {"type": "list", "elements": "path", "default": []},
             "owner": {"type": "int"},
             "group": {"type": "int"},
             "reason": {"type": "str"},
             "keep": {"type": "int", "default": 10},
             "tail_lines": {"type": "int", "default": 0},
             "spec": {"type": "bool", "default": False},
+            "record": {"type": "bool", "default": False},
             "wait": {"type": "float", "default": 0},
             "poll": {"type": "float", "default": 0.5},
         },
@@ -228,7 +243,7 @@ def main():
     if p["state"] == "present":
         try:
             done = prepare(p["node_dir"], p["run_id"], p["files"], p["keep"], p["owner"], p["group"], p["workload"],
-                           check=module.check_mode)
+                           check=module.check_mode, dirs=p["dirs"])
         except PrepareError as exc:
             module.fail_json(msg=str(exc), invocation=invocation)
         module.exit_json(**done, invocation=invocation)
@@ -238,13 +253,13 @@ def main():
             wait_for_end(run_dir, p["wait"], p["poll"])
         if not os.path.isdir(run_dir):
             module.exit_json(changed=False, found=False, run=None)
+        changed = False
         if p["state"] == "stopped":
             info = read_run(run_dir)
             changed = info["state"] == vocab.RunState.RUNNING and not info["stop_requested"]
             if changed and not module.check_mode:
                 request_stop(run_dir, p["reason"])
-            module.exit_json(changed=changed, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"]))
-        module.exit_json(changed=False, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"]))
+        module.exit_json(changed=changed, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"], p["record"]))
 
     runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
     if p["state"] == "stopped":

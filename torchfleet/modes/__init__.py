@@ -1,0 +1,136 @@
+"""Launch modes: how a job's ranks are started. Each mode is one module here, behind
+:class:`LaunchMode`, and registers itself. Everything else asks the mode by name through
+:func:`get`: the spec builder for its units, the check phase for what it needs of a node,
+the report for its ranks' finals. The launch role only sees what a mode built (its units'
+kind, container or process, and the spec's data), never a mode's name.
+
+A new mode is a new module here that subclasses LaunchMode, calls :func:`register`, and is
+imported at the end of this file (docs/adding-a-launch-mode.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from torchfleet.errors import InventoryError
+
+if TYPE_CHECKING:
+    from torchfleet.modes.context import NodeContext
+
+# (variable, whether the node's settings use it, why the mode cannot apply it).
+Unsupported = tuple[str, Callable[[Mapping[str, Any]], bool], str]
+
+
+class LaunchMode:
+    """One way of starting a job's ranks. Only :meth:`build` must be written; every other
+    hook has the plain answer of a mode that starts each rank itself."""
+
+    name = ""
+    # The mode's own node settings, each from its variable with its type (as inputs.SETTINGS).
+    SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {}
+    # What a mode cannot do on a node whose units run as processes, by option.
+    PROCESS_UNSUPPORTED: tuple[Unsupported, ...] = (
+        ("launch_extra_volumes", lambda s: bool(s.get("extra_volumes")),
+         "bare processes have no mounts; the paths are already on the node"),
+        ("launch_oom_kill_disable", lambda s: bool(s.get("oom_kill_disable")), "it is a docker run option"),
+    )
+
+    def runtime(self, job: Mapping[str, Any]) -> str:
+        """Where the mode's units run for ``job`` (its launch_* choices, e.g.
+        ``torchrun_runtime``): ``container`` (the training image) or ``process`` (the
+        node's own Python, launch_python). This is the unit kind the launch role starts."""
+        return "container"
+
+    def unit_kind(self, job: Mapping[str, Any]) -> str:
+        """What the launch role starts for ``job`` (start_units_<kind>.yml): its runtime's
+        units itself, or ``scheduler``, one submission that a scheduler runs as the units."""
+        return self.runtime(job)
+
+    # Whether the launch role starts the units phase by phase (the master's, then the others
+    # once they listen) or every node's at once: a scheduler takes the whole job in one
+    # submission, once every node's run folder exists, and orders the phases itself.
+    phased_start = True
+
+    def spec_files(self, spec: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+        """Files made from the whole spec (``LaunchSpec.to_dict()``, every unit's guarded
+        command in it), per node, that its start writes into the run's folder beside
+        ``ctx.files``; ``nodes``: spec.build's."""
+        return {}
+
+    def summary(self, run_dir: Path) -> dict[str, Any]:
+        """What the mode adds to the run's summary, from the files collected into ``run_dir``."""
+        return {}
+
+    def chosen_by(self, job: Mapping[str, Any]) -> str:
+        """The settings that chose this mode's runtime, as an error names them."""
+        return f"launch_mode={self.name}"
+
+    def unsupported(self, job: Mapping[str, Any]) -> tuple[Unsupported, ...]:
+        """The node settings this mode refuses for ``job``."""
+        return self.PROCESS_UNSUPPORTED if self.runtime(job) == "process" else ()
+
+    def check_node(self, host: str, settings: Mapping[str, Any], table: Mapping[str, Any]) -> None:
+        """Refuse a node's input that cannot work under this mode (InventoryError)."""
+
+    def build(self, ctx: NodeContext) -> None:
+        """Fill in one node's units and ranks (``ctx.unit``, ``ctx.rank``) and the files
+        the start writes into its run folder (``ctx.files``)."""
+        raise NotImplementedError
+
+    def run_owner(self, settings: Mapping[str, Any]) -> str | None:
+        """``uid:gid`` that owns the run's folder where the ranks are not root."""
+        return None
+
+    # Whether the ranks read the secret environment from a file in the run folder (which the
+    # start writes, readable by run_owner only, and the stop removes) rather than from their
+    # container's environment.
+    secret_env_file = False
+
+    def node_facts(self, host: str, table: Mapping[str, Any], probe: Mapping[str, Any]) -> dict[str, Any]:
+        """What build needs of a node's probe beyond its address, interface and CPUs."""
+        return {}
+
+    def probe(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """What the check phase must read on the node for this mode: ``paths`` it needs,
+        ``uid`` whose account node_probe reports, ``image_uid`` whose account the image
+        reports."""
+        return {}
+
+    def node_checks(self, host: str, reading: Mapping[str, Any], image_account: Mapping[str, Any] | None,
+                    settings: Mapping[str, Any], table: Mapping[str, Any], image: str) -> list[dict[str, Any]]:
+        """check_input entries for what the mode needs of a node (``reading``: node_probe's)."""
+        return []
+
+    def run_files(self, host: str, master: bool) -> list[tuple[str, str]]:
+        """The mode's own files a node holds of a run, as (name on the node, name in runs/RUN/)."""
+        return []
+
+    def finals(self, spec: Mapping[str, Any], run_dir: Path, finals: list[dict[str, Any]],
+               reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """Each rank's final state from what the units left in ``run_dir`` (``finals``: per
+        unit, with the guards' records applied), writing rank-N.log where a unit ran
+        several ranks; and the failure's reason, with the mode's own words added."""
+        return finals, reason
+
+
+_MODES: dict[str, LaunchMode] = {}
+
+
+def register(mode: LaunchMode) -> LaunchMode:
+    _MODES[mode.name] = mode
+    return mode
+
+
+def get(name: Any) -> LaunchMode:
+    """The mode called ``name``, or InventoryError naming launch_mode."""
+    if name not in _MODES:
+        raise InventoryError(f"launch_mode={name!r} is not one of {', '.join(_MODES)}", None, "launch_mode")
+    return _MODES[name]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_MODES)
+
+
+from torchfleet.modes import container, mpirun, process, slurm, torchrun  # noqa: E402,F401  (each registers itself)

@@ -1,0 +1,31 @@
+"""launch_mode container: one container per rank, the master node's first."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from torchfleet.modes import LaunchMode, register
+from torchfleet.modes.context import NodeContext
+from torchfleet.vocab import run_vocab
+
+
+class PerRank(LaunchMode):
+    """One unit per rank, each started with the rank's own variables."""
+
+    name = "container"
+
+    def build(self, ctx: NodeContext) -> None:
+        argv = ctx.workload_argv() + ctx.args()
+        container = ctx.runtime == "container"
+        for i, row in enumerate(ctx.rows):
+            env = ctx.rank_env(row, i)
+            name = ctx.name(f"rank{row['rank']}") if container else run_vocab.rank_unit(row["rank"])
+            env["TORCHFLEET_HEARTBEAT"] = ctx.heartbeat(name)
+            mems = ctx.mems(i) if container else None
+            ctx.unit(name=name, role="rank", phase=0 if ctx.is_master else 1, argv=argv, env=env,
+                     ranks=[int(row["rank"])], cpuset=ctx.cpuset(i), cpuset_mems=mems,
+                     labels=ctx.labels("rank", row["rank"]), listen=ctx.master_listen() if i == 0 else None)
+            ctx.rank(row, i, self.name, name, argv, env, mems=mems)
+
+
+register(PerRank())
