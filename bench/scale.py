@@ -16,9 +16,13 @@ nothing heavy. For each size it measures:
     crash during the start is left out: there the guards' own start (torch's import) is
     measured, not detection, and submit's time already shows it;
   - a node lost (docker pause of the last node) until every other rank has stopped;
-  - `status` (Run.status: every node's view of the running run), its wall time;
+  - `status` (Run.status: the master's record of the running run), its wall time;
   - `stop` (Run.stop) until every rank has stopped, and the call's own wall time (until
     every guard is gone and the logs are collected);
+  - the controller's floors for those, through the same runner as the API: a playbook that
+    runs one bare module on the master only (what a status or a stop's first contact cannot
+    go below), and one on every node (what a stop that collects from every node cannot); a
+    stop's ranks cannot stop before the first floor plus the crash's own stop;
   - the machine's floor for a crash: one process on a node, torch imported as a guard has
     it, forks as many ranks as the crash stops, then sends each SIGTERM and reaps it. No
     store, no guard: what ending that many ranks costs these shared cores at the least.
@@ -208,6 +212,32 @@ def recorded(count: int, run_id: str, field: str) -> list[dict]:
         [x for x in s if x.get(field)]) >= count and s, 120, f"{count} guards to record {field}", every=3)
 
 
+# The controller's floors for a status and a stop (see the docstring): one bare module run
+# on the master, and on every node, in playbooks of nothing else.
+CONTACT_PLAYBOOK = """
+- name: a bare module run on {what}
+  hosts: torchfleet_nodes{pick}
+  gather_facts: false
+  tasks:
+    - {{name: a module run, ansible.builtin.ping: {{}}}}
+"""
+
+
+def contact_floor(cluster: torchfleet.Cluster, folder: Path, pick: str) -> float:
+    """Wall seconds of a playbook that runs one bare module on the nodes ``pick`` selects
+    ("[0]": the master; "": every node), through the API's own runner; the median of three."""
+    book = folder / f"contact{pick.strip('[]') or '-all'}.yml"
+    book.write_text(CONTACT_PLAYBOOK.format(what="the master" if pick else "every node", pick=pick))
+    times = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        result, _ = cluster._run(str(book), "floor", {})
+        times.append(time.monotonic() - t0)
+        if not result.ok:
+            sys.exit(f"the contact floor's playbook failed: {result.failures}")
+    return sorted(times)[1]
+
+
 def cpu() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -329,14 +359,18 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
     except JobFailed:
         pass
 
-    # Status, from the nodes (what `torchfleet status` shows), then stop.
+    # Status, from the master's record (what `torchfleet status` shows), then stop; the
+    # controller's floors for them first, while the run runs.
     run = submit(-1, QUIET_NODE_TIMEOUT)
     wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store")
+    out["master_floor_s"] = contact_floor(cluster, folder, "[0]")
+    out["all_floor_s"] = contact_floor(cluster, folder, "")
     t0 = time.monotonic()
     status = run.status()
     out["status_s"] = time.monotonic() - t0
-    if status.state != "running" or len(status.nodes) != count:
-        sys.exit(f"{count} nodes: status saw {status.state} on {len(status.nodes)} nodes")
+    if status.state != "running" or len(status.nodes) != count or status.source != "record":
+        sys.exit(f"{count} nodes: status saw {status.state} on {len(status.nodes)} nodes from {status.source} "
+                 f"({status.note})")
     stop_at = time.time()
     try:
         run.stop()
@@ -349,6 +383,16 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
     out["stop_to_stopped_s"] = stopped_by(states) - stop_at if requested else float("nan")
     cluster.down()
     return out
+
+
+# The status and stop figures this bench gave before they read the master's record first
+# (5fff6a8, issue 44), for the table that sets the new ones beside them.
+BASELINE = {3: {"status_s": 1.2, "stop_call_s": 3.2, "stop_to_stopped_s": 1.2},
+            48: {"status_s": 9.1, "stop_call_s": 27.1, "stop_to_stopped_s": 7.7}}
+
+
+def _was(baseline: dict[str, float], key: str) -> str:
+    return f"{baseline[key]:.1f}" if key in baseline else "-"
 
 
 def main() -> None:
@@ -404,6 +448,28 @@ def main() -> None:
     print("end floor: one process SIGTERMs and reaps as many ranks as the crash stops (forked after torch's import, "
           "as the guards fork them), with no supervision; on shared cores the crash's ratio cannot fall below the "
           "floor's")
+    print("\nstatus and stop, against their baseline (bench/scale.py at 5fff6a8, issue 44) and the controller's floors "
+          "(median of 3 through the API's runner)")
+    header = f"{'nodes':>5} {'status s':>9} {'was':>5} {'vs ' + str(min(sizes)):>6} {'floor s':>8} {'vs floor':>8}  " \
+             f"{'stop->stopped s':>16} {'was':>5} {'floor s':>8} {'vs floor':>8}  " \
+             f"{'stop call s':>12} {'was':>5} {'floor s':>8} {'vs floor':>8}"
+    print(header)
+    print("-" * len(header))
+    for count in sizes:
+        r, was = results[count], BASELINE.get(count, {})
+        # A stop's ranks cannot stop before its first contact with the master, and then take
+        # as long as a crash's to stop.
+        stop_floor = r["master_floor_s"] + r["crash_to_stopped_s"]
+        print(f"{count:>5} {r['status_s']:>9.1f} {_was(was, 'status_s'):>5} "
+              f"{r['status_s'] / base['status_s']:>5.2f}x {r['master_floor_s']:>8.1f} "
+              f"{r['status_s'] / r['master_floor_s']:>7.2f}x  {r['stop_to_stopped_s']:>16.1f} "
+              f"{_was(was, 'stop_to_stopped_s'):>5} {stop_floor:>8.1f} {r['stop_to_stopped_s'] / stop_floor:>7.2f}x  "
+              f"{r['stop_call_s']:>12.1f} {_was(was, 'stop_call_s'):>5} {r['all_floor_s']:>8.1f} "
+              f"{r['stop_call_s'] / r['all_floor_s']:>7.2f}x")
+    print("goals: status at 48 nodes <= 2 s and <= 1.5x its 3-node time; every rank stopped within 1 s of the stop "
+          "call's start; the stop call <= 10 s")
+    print("floors: status, a bare module run on the master alone; stop->stopped, that plus crash->stopped; the stop "
+          "call, a bare module run on every node (a stop collects from each)")
     top = results[biggest]
     print(f"\nAnsible's own floor here at {biggest} nodes, CPU per node: a skipped task {floor['skip_s'] * 1000:.0f} ms, "
           f"a module run {floor['module_s'] * 1000:.0f} ms; the submit costs "

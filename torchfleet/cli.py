@@ -94,6 +94,8 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     plan = cluster.plan(_job(args))
     if args.format:
         return _plan_manifest(args, cluster, plan)
+    if args.file:
+        return _plan_file(args, plan)
     if not args.json:
         out.print(f"[bold]MASTER_ADDR:MASTER_PORT[/] {plan.master}   world size {plan.world_size} on "
                   f"{plan.num_nodes} node(s)   mode {plan.launch_mode}   transport {plan.transport}   "
@@ -113,6 +115,18 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         else:
             out.print("Each rank's command and environment: torchfleet plan --env (or --json). Nothing was changed.")
     return {"ok": True, "plan": plan.to_dict()}
+
+
+def _plan_file(args: argparse.Namespace, plan: api.Plan) -> dict[str, Any]:
+    """plan --file NAME: a file the start writes into the master's run folder, exactly as it
+    will be written there (with --run-id, the very file of that run; launch_mode slurm: sbatch.sh)."""
+    files = (plan.files or {}).get(plan.master_host) or {}
+    if args.file not in files:
+        raise InventoryError(f"the plan writes no {args.file} on the master {plan.master_host} under launch_mode="
+                             f"{plan.launch_mode} (it writes {', '.join(sorted(files)) or 'nothing'})", None, "launch_mode")
+    if not args.json:
+        sys.stdout.write(files[args.file])
+    return {"ok": True, "host": plan.master_host, "file": args.file, "content": files[args.file]}
 
 
 def _plan_manifest(args: argparse.Namespace, cluster: api.Cluster, plan: api.Plan) -> dict[str, Any]:
@@ -169,6 +183,8 @@ def cmd_status(args: argparse.Namespace) -> dict[str, Any]:
                 table.add_row(host, u["name"], u["state"], "-" if u.get("exit_code") is None else str(u["exit_code"]),
                               escape(u.get("stopped_because") or ""))
         out.print(table)
+        if status.note:
+            out.print(f"[yellow]{escape(status.note)}[/]")
         if status.unreachable:
             out.print(f"[yellow]not answering:[/] {', '.join(status.unreachable)}")
     return {"ok": True, "status": status.to_dict()}
@@ -374,6 +390,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", parents=[common, job],
                        help="show the launch spec: each rank's command, environment and pinning; changes nothing")
     p.add_argument("--env", action="store_true", help="print every rank's command and environment")
+    p.add_argument("--file", metavar="NAME", help="print only the file NAME that the start writes into the master's "
+                                                  "run folder, e.g. sbatch.sh under launch_mode slurm (docs/slurm.md)")
     p.add_argument("--format", choices=("trainjob", "pytorchjob"),
                    help="print the plan as a Kubernetes manifest, a Kubeflow TrainJob or PyTorchJob, checked against "
                         "its CRD; the k8s_* variables come from -e (docs/kubernetes.md)")

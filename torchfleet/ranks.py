@@ -153,6 +153,16 @@ def cluster_address_of(host: str, host_vars: Mapping[str, Any]) -> str:
     )["address"]
 
 
+def likely_master(names: Iterable[str], node_ranks: Mapping[str, Any]) -> str | None:
+    """The node a launch from this inventory makes the master (node rank 0): the one a status
+    or a stop asks first. None where the inventory cannot say (its node ranks are set on some
+    hosts only, or twice), and every node is asked."""
+    try:
+        return node_order([{"name": n, "node_rank": node_ranks.get(n)} for n in names])[0]["name"]
+    except InventoryError:
+        return None
+
+
 def _is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(str(text))
