@@ -7,6 +7,10 @@ OMPI_COMM_WORLD_* (mpirun). Only torch is needed: the gzip'd IDX files are read 
 the standard library, so the script also runs in stock PyTorch images. Each rank writes
 its loss per step as TensorBoard events in OUT_DIR/tensorboard/rank-N, also with the
 standard library.
+
+With a checkpoint folder (--checkpoint-dir, or TORCHFLEET_CHECKPOINT_DIR), rank 0 saves the
+model, the optimizer, the position in the data and the RNG state every --checkpoint-every
+steps, and every rank resumes from the newest complete checkpoint at start.
 """
 
 import argparse
@@ -14,6 +18,9 @@ import gzip
 import hashlib
 import logging
 import os
+import random
+import re
+import signal
 import socket
 import struct
 import sys
@@ -186,6 +193,130 @@ def checksum(model):
     return digest.hexdigest()
 
 
+# Checkpoints: "checkpoint-<step>.pt", complete once renamed to that name. A writer's temp
+# file starts with a dot and never matches, so a half-written checkpoint is never loaded.
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{9,})\.pt$")
+TEMP_RE = re.compile(r"^\.checkpoint-\d{9,}\.pt\.tmp-")
+RESTART_VARIABLES = ("TORCHFLEET_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+def checkpoint_name(step):
+    return f"checkpoint-{step:09d}.pt"
+
+
+def complete_checkpoints(names):
+    """The complete checkpoints among a folder's file ``names``, newest (highest step) first."""
+    found = [(int(match[1]), name) for name in names if (match := CHECKPOINT_RE.match(name))]
+    return [name for _, name in sorted(found, reverse=True)]
+
+
+def stale_files(names, keep, own_temp):
+    """What a writer removes after a save: complete checkpoints beyond the newest ``keep``, and
+    temp files other than its own (only rank 0 writes, so another temp file is a dead writer's)."""
+    temps = [name for name in names if TEMP_RE.match(name) and name != own_temp]
+    return complete_checkpoints(names)[keep:] + sorted(temps)
+
+
+def resume_position(saved, steps_per_epoch, world_size, batch_size):
+    """(epoch, batches of it already done, exact) to resume a checkpoint's position from.
+
+    Under the checkpoint's world size and batch size the position is exact. Under others, the
+    epoch's samples already seen are kept, rounded down to whole steps (some are seen twice,
+    none skipped): each step takes the next world_size * batch_size samples of the epoch's
+    permutation, whatever the world size."""
+    epoch, batch = saved["epoch"], saved["batch"]
+    exact = (saved["world_size"], saved["batch_size"]) == (world_size, batch_size)
+    if not exact:
+        batch = min(batch * saved["world_size"] * saved["batch_size"] // (world_size * batch_size), steps_per_epoch)
+    if batch >= steps_per_epoch:
+        epoch, batch = epoch + 1, 0
+    return epoch, batch, exact
+
+
+def restart_counts(env):
+    """The restart counts a launcher set (torchfleet's, then torchrun's), as found."""
+    return {name: env[name] for name in RESTART_VARIABLES if env.get(name, "") != ""}
+
+
+def attempt(env):
+    """This attempt's number, 0 for the first: torchfleet's restart count, else torchrun's."""
+    counts = restart_counts(env)
+    return int(next(iter(counts.values()))) if counts else 0
+
+
+def rng_state():
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def rng_digest():
+    return hashlib.sha256(torch.get_rng_state().numpy().tobytes() + repr(random.getstate()).encode()).hexdigest()
+
+
+def _fsync_folder(folder):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(folder, step, state, keep=2):
+    """Write ``state`` as the checkpoint of ``step``: a temp file beside it, fsync'd, then renamed."""
+    os.makedirs(folder, exist_ok=True)
+    name = checkpoint_name(step)
+    temp = f".{name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    with open(os.path.join(folder, temp), "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(os.path.join(folder, temp), os.path.join(folder, name))
+    # The rename itself must reach the disk before an older checkpoint goes.
+    _fsync_folder(folder)
+    for stale in stale_files(os.listdir(folder), keep, temp):
+        try:
+            os.remove(os.path.join(folder, stale))
+        except FileNotFoundError:
+            pass
+    return os.path.join(folder, name)
+
+
+def load_newest(folder):
+    """(path, state) of the newest checkpoint in ``folder`` that loads; (None, None) without one.
+    A complete name with unreadable bytes (a torn copy, a full disk) falls back to the one before."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return None, None
+    for name in complete_checkpoints(names):
+        path = os.path.join(folder, name)
+        try:
+            return path, torch.load(path, map_location="cpu", weights_only=True)
+        # Whatever makes a file unreadable (a torn zip, a bad pickle), it is skipped the same way.
+        except Exception as exc:
+            log.warning("Skipping checkpoint %s: it does not load (%s)", path, exc)
+    return None, None
+
+
+def agree_on_checkpoint(path, state, rank, world_size):
+    """Every rank's newest checkpoint, made one: when the ranks' folders differ (one node's
+    folder is behind, or empty), the rank holding the newest sends it to all."""
+    step = state["step"] if state else -1
+    steps = [None] * world_size
+    dist.all_gather_object(steps, step)
+    best = max(steps)
+    if best < 0 or all(s == best for s in steps):
+        return path, state
+    owner = steps.index(best)
+    box = [(path, state) if rank == owner else None]
+    dist.broadcast_object_list(box, src=owner)
+    return box[0]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epoch", type=int, default=1, help="number of epochs")
@@ -198,8 +329,18 @@ def main(argv=None):
     parser.add_argument("--out-dir", default=os.environ.get("TORCHFLEET_OUT_DIR", "."))
     parser.add_argument("--log-interval", type=int, default=10)
     parser.add_argument("--init-timeout", type=int, default=300, help="seconds to wait for every rank to join")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("TORCHFLEET_CHECKPOINT_DIR") or None,
+                        help="save checkpoints here and resume from the newest (default: TORCHFLEET_CHECKPOINT_DIR)")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="steps between checkpoints, with a checkpoint folder; 0 saves none but still resumes")
+    parser.add_argument("--crash-rank", type=int, default=-1, help="for fault tests: this rank kills itself")
+    parser.add_argument("--crash-at-step", type=int, default=0, help="for fault tests: right after this step")
+    parser.add_argument("--crash-on-attempt", type=int, default=0,
+                        help="for fault tests: in this attempt only (the restart count; -1: in every attempt)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.checkpoint_every < 0:
+        parser.error("--checkpoint-every must be 0 or more")
 
     rank, world_size, local_rank = world()
     logging.Formatter.converter = time.gmtime
@@ -210,6 +351,9 @@ def main(argv=None):
         datefmt="%Y-%m-%dT%H:%M:%S",
     )
     torch.manual_seed(args.seed)
+    # Python's own RNG too, so that every rank's RNG state is the same and rank 0's checkpoint
+    # holds the state of each.
+    random.seed(args.seed)
     log.info("CPU affinity %s, cgroup cpuset %s, OMP_NUM_THREADS=%s, torch threads %d",
              format_cpus(sorted(os.sched_getaffinity(0))), cgroup_cpuset(),
              os.environ.get("OMP_NUM_THREADS", "-"), torch.get_num_threads())
@@ -229,17 +373,49 @@ def main(argv=None):
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
 
     model = Net()
+    resume, start_epoch, skip = None, 1, 0
+    if args.checkpoint_dir:
+        path, resume = load_newest(args.checkpoint_dir)
+        if distributed:
+            path, resume = agree_on_checkpoint(path, resume, rank, world_size)
+        counts = "".join(f", {name}={value}" for name, value in restart_counts(os.environ).items())
+        if resume:
+            start_epoch, skip, exact = resume_position(resume, len(loader), world_size, args.batch_size)
+            model.load_state_dict(resume["model"])
+            log.info("resumed from step %d (epoch %d, batch %d) of %s%s%s", resume["step"], resume["epoch"],
+                     resume["batch"], path, counts,
+                     "" if exact else f"; world size {resume['world_size']} -> {world_size}, batch size "
+                     f"{resume['batch_size']} -> {args.batch_size}: going on at epoch {start_epoch}, batch {skip}")
+        else:
+            log.info("starting from step 0: no complete checkpoint in %s%s", args.checkpoint_dir, counts)
     if distributed:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.5)
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
     # Each rank its own folder: TensorBoard shows one run per folder, so ranks sharing a
     # node's out folder stay apart.
     events = EventWriter(os.path.join(args.out_dir, "tensorboard", f"rank-{rank}"))
+    crash = (rank == args.crash_rank and args.crash_at_step > 0
+             and args.crash_on_attempt in (-1, attempt(os.environ)))
 
-    for epoch in range(1, args.epoch + 1):
+    # Making an epoch's iterator draws from torch's RNG (the loader's base seed), and the saved
+    # state is from after that draw: it is restored after the resumed epoch's draw, or here
+    # (nothing draws from here to the loop) when the checkpoint closed an epoch.
+    if resume and not skip:
+        set_rng_state(resume["rng"])
+        resume = None
+    step = (start_epoch - 1) * len(loader) + skip
+    for epoch in range(start_epoch, args.epoch + 1):
         sampler.set_epoch(epoch)
         model.train()
-        for batch_idx, (data, target) in enumerate(loader):
+        batches = iter(loader)
+        if resume:
+            set_rng_state(resume["rng"])
+            for _ in range(skip):
+                next(batches)
+        first, skip, resume = skip, 0, None
+        for batch_idx, (data, target) in enumerate(batches, start=first):
             optimizer.zero_grad()
             loss = F.nll_loss(model(data), target)
             loss.backward()
@@ -250,6 +426,21 @@ def main(argv=None):
                 events.flush()
                 log.info("Train Epoch: %d [%d/%d (%.0f%%)]\tloss=%.4f",
                          epoch, batch_idx, len(loader), 100.0 * batch_idx / len(loader), loss.item())
+            step += 1
+            # DDP keeps the replicas, and the ranks' RNG draws, equal: rank 0's state is every rank's.
+            if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0 and rank == 0:
+                saved = save_checkpoint(args.checkpoint_dir, step, {
+                    "step": step, "epoch": epoch, "batch": batch_idx + 1,
+                    "world_size": world_size, "batch_size": args.batch_size,
+                    "model": (model.module if distributed else model).state_dict(),
+                    "optimizer": optimizer.state_dict(), "rng": rng_state(),
+                })
+                log.info("Saved checkpoint at step %d (epoch %d, batch %d): %s", step, epoch, batch_idx + 1, saved)
+            if crash and step == args.crash_at_step:
+                log.info("crashing at step %d (--crash-at-step, attempt %d)", step, attempt(os.environ))
+                sys.stdout.flush()
+                # SIGKILL, as the OOM killer would: no handler, no cleanup.
+                os.kill(os.getpid(), signal.SIGKILL)
 
     model.eval()
     with torch.no_grad():
@@ -267,6 +458,9 @@ def main(argv=None):
     with open(os.path.join(args.out_dir, f"checksum-rank-{rank}.txt"), "w") as fh:
         fh.write(digest + "\n")
     log.info("Parameter checksum: %s", digest)
+    if args.checkpoint_dir:
+        # A resumed run that restored the RNG state exactly ends with the same digest.
+        log.info("RNG checksum: %s", rng_digest())
     if args.save_model and rank == 0:
         # Written beside and renamed, so a reader never sees half a model.
         partial = os.path.join(args.out_dir, f".model.pt.{os.getpid()}")

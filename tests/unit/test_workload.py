@@ -1,7 +1,10 @@
 """Packing a workload on the controller: what ships, and that the same files give the same bytes."""
 
+import ast
 import os
 import tarfile
+import types
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +217,64 @@ def test_bad_module_names_are_refused(work, entrypoint):
     with pytest.raises(WorkloadError, match="not a dotted module name") as info:
         entrypoint_argv(work, entrypoint, "python3")
     assert info.value.variable == "launch_entrypoint"
+
+
+# The bundled workload's checkpoint helpers (files/workloads/mnist.py). mnist.py imports torch
+# at its top and this venv need not have it: these definitions are run as they are, alone.
+MNIST = Path(__file__).resolve().parents[2] / "files" / "workloads" / "mnist.py"
+CHECKPOINT_HELPERS = ("CHECKPOINT_RE", "TEMP_RE", "RESTART_VARIABLES", "checkpoint_name", "complete_checkpoints",
+                      "stale_files", "resume_position", "restart_counts", "attempt")
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    tree = ast.parse(MNIST.read_text())
+    keep = [node for node in tree.body
+            if getattr(node, "name", None) in CHECKPOINT_HELPERS
+            or (isinstance(node, ast.Assign) and {t.id for t in node.targets} & set(CHECKPOINT_HELPERS))]
+    assert len(keep) == len(CHECKPOINT_HELPERS)
+    module = types.ModuleType("mnist_checkpoints")
+    exec("import re\n", module.__dict__)
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(MNIST), "exec"), module.__dict__)
+    return module
+
+
+def test_the_newest_complete_checkpoint_comes_first(mnist):
+    names = [mnist.checkpoint_name(s) for s in (8, 120, 16)] + [
+        ".checkpoint-000000200.pt.tmp-node-1-42",  # a writer's temp file, complete or not
+        "checkpoint-200.pt", "checkpoint-000000300.pt.bak", "notes.txt", "checkpoint-00000040.pt",
+    ]
+    assert mnist.complete_checkpoints(names + [mnist.checkpoint_name(10**9)]) == [
+        "checkpoint-1000000000.pt", "checkpoint-000000120.pt", "checkpoint-000000016.pt", "checkpoint-000000008.pt"]
+    assert mnist.complete_checkpoints([]) == []
+
+
+def test_a_save_removes_older_checkpoints_and_dead_writers_temp_files(mnist):
+    own = ".checkpoint-000000024.pt.tmp-node-1-7"
+    names = [mnist.checkpoint_name(s) for s in (8, 16, 24, 4)] + [
+        own, ".checkpoint-000000020.pt.tmp-node-2-9", "model.pt", ".hidden"]
+    assert mnist.stale_files(names, 2, own) == [
+        "checkpoint-000000008.pt", "checkpoint-000000004.pt", ".checkpoint-000000020.pt.tmp-node-2-9"]
+    assert mnist.stale_files(names[:2], 2, own) == []
+
+
+@pytest.mark.parametrize("saved, world, expected", [
+    # The same world: exactly where it stopped, or the next epoch after a closing checkpoint.
+    ({"epoch": 2, "batch": 3, "world_size": 2, "batch_size": 16}, 2, (2, 3, True)),
+    ({"epoch": 1, "batch": 10, "world_size": 2, "batch_size": 16}, 2, (2, 0, True)),
+    # 3 ranks did 5 steps (240 samples); 2 ranks redo what does not fill a step (7 steps, 224).
+    ({"epoch": 1, "batch": 5, "world_size": 3, "batch_size": 16}, 2, (1, 7, False)),
+    # More than the epoch holds: the next epoch.
+    ({"epoch": 1, "batch": 6, "world_size": 2, "batch_size": 16}, 1, (2, 0, False)),
+])
+def test_resume_position(mnist, saved, world, expected):
+    assert mnist.resume_position(saved, 10, world, 16) == expected
+
+
+def test_the_attempt_is_torchfleets_restart_count_then_torchruns(mnist):
+    assert mnist.attempt({}) == 0
+    assert mnist.attempt({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    both = {"TORCHELASTIC_RESTART_COUNT": "0", "TORCHFLEET_RESTART_COUNT": "3"}
+    assert mnist.attempt(both) == 3
+    assert list(mnist.restart_counts(both)) == ["TORCHFLEET_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"]
+    assert mnist.restart_counts({"TORCHFLEET_RESTART_COUNT": ""}) == {}
