@@ -135,12 +135,12 @@ def node_checks(nodes, hosts, table, bare, image, job, planning=False, replace=F
     for host, node in zip(hosts, nodes):
         settings = (node.get("launch__input") or {}).get("settings") or {}
         found = preflight.node_checks(host, node.get("launch__node_state") or {}, runtime_ready(node, bare),
-                                 running_runs([node], bare), table, bare=bare,
-                                 runtime=settings.get("python") if bare else image, settings=settings, job=job,
-                                 planning=planning, replace=replace, mode=mode,
-                                 image_account=(node.get("launch__job_containers") or {}).get("image_account"),
-                                 libraries=((node.get("launch__node_state") if bare else
-                                             node.get("launch__job_containers")) or {}).get("libraries"))
+                                      running_runs([node], bare), table, bare=bare,
+                                      runtime=settings.get("python") if bare else image, settings=settings, job=job,
+                                      planning=planning, replace=replace, mode=mode,
+                                      image_account=(node.get("launch__job_containers") or {}).get("image_account"),
+                                      libraries=((node.get("launch__node_state") if bare else
+                                                  node.get("launch__job_containers")) or {}).get("libraries"))
         checks += [dict(c, host=host) for c in found]
     return checks
 

@@ -279,7 +279,7 @@ class Guard:
                                             "reason": f"{policy.who(self.unit)} got signal {self.signalled}"})
                 if abort is None and code is None:
                     found = policy.stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
-                                    self.start_timeout)
+                                           self.start_timeout)
                     if found:
                         abort = self.set_abort(dict(found, index=self.index))
                 if abort is None and self.unit.get("service") and self.store.check([vocab.DONE]):
@@ -420,7 +420,7 @@ class Guard:
         if vocab.job_state(self.units, exits, None, []) == vocab.RunState.SUCCEEDED:
             self.store.set(vocab.DONE, "1")
         lost = policy.lost_units(self.units, seen, set(exits) | {self.index}, now, self.node_timeout, self.started,
-                          self.start_timeout)
+                                 self.start_timeout)
         self._write_job(vocab.RunState.RUNNING.value, None, exits, seen)
         if lost:
             return self.set_abort(policy.abort_for_lost(self.units, lost, self.node_timeout))
