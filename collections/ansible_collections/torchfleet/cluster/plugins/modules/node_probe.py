@@ -122,12 +122,17 @@ identity:
     - C(boot_id), C(machine_id) (empty where the node has none) and C(netns), the inode of the network namespace.
   returned: always
   type: dict
+hostname:
+  description: The node's short hostname, as Slurm's NodeName and Ansible's ansible_hostname spell it.
+  returned: always
+  type: str
 """
 
 import hashlib
 import json
 import os
 import pwd
+import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -238,6 +243,7 @@ def main():
     )
     p = module.params
     result = {"changed": False, "nproc": len(os.sched_getaffinity(0)), "identity": identity(),
+              "hostname": socket.gethostname().split(".")[0],
               "missing": [path for path in p["paths"] if not os.path.exists(path)], "listening": []}
     if p["ports"]:
         result["listening"] = sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))
