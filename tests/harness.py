@@ -37,6 +37,34 @@ def role_guard() -> dict:
     return {key: defaults[variable] for key, variable in GUARD_VARIABLES.items()}
 
 
+def launch_values(**over) -> dict:
+    """A node's launch variables as the launch_input action hands them to node_input: the
+    role's defaults where they matter, overridden by ``over``."""
+    base = {"launch_timeout": 0, "launch_poll_interval": 2, "launch_progress_interval": 30,
+            "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
+            "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
+            "launch_omp_num_threads": 0, "launch_collect_out_max_mb": 1024, "launch_mode": "container",
+            "launch_node_dir": "/var/lib/torchfleet"}
+    return dict(base, **over)
+
+
+def guard_folder(tmp_path: Path) -> tuple[Path, int]:
+    """A run folder holding only what the launch copies there for the guards
+    (run_vocab.GUARD_SOURCES), and a free port on 127.0.0.1 for their store."""
+    import shutil
+    import socket
+
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_vocab
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in run_vocab.GUARD_SOURCES:
+        shutil.copy(Path(guard.__file__).parent / name, run / name)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return run, free.getsockname()[1]
+
+
 def mark_folder(items, conftest: str, marker: pytest.MarkDecorator) -> None:
     """Every test in the folder of ``conftest`` (a conftest's ``__file__``) carries ``marker``."""
     for item in items:

@@ -3,19 +3,17 @@ The guard with a real TCPStore runs in the fault matrix (tests/faults) on the do
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import types
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
+from harness import guard_folder
 from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, guard_child, guard_policy, run_vocab
 from torchfleet.report import PEER_ERROR_RE
 
@@ -366,13 +364,7 @@ def test_the_guard_runs_from_a_run_folder_that_holds_only_what_the_launch_copies
     (launch_spec copies them there): it imports its siblings from its own folder, with no
     collection and no PYTHONPATH, and supervises its unit through torch's real TCPStore."""
     pytest.importorskip("torch.distributed")
-    run = tmp_path / "run"
-    run.mkdir()
-    for name in run_vocab.GUARD_SOURCES:
-        shutil.copy(Path(guard.__file__).parent / name, run / name)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    run, port = guard_folder(tmp_path)
     config = {"units": [dict(RANK, log=str(run / "rank.log"))], "store_unit": 0, "node_timeout": 4,
               "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
               "store": {"host": "127.0.0.1", "port": port, "node": "node-2"}}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness import role_guard
+from harness import launch_values, role_guard
 from torchfleet import inputs, modes, preflight, report, spec
 from torchfleet.api import Plan
 from torchfleet.errors import InventoryError
@@ -53,14 +53,8 @@ def toy():
 
 
 def values(**over):
-    """A node's launch variables as launch_input reads them (the role's defaults where it matters)."""
-    base = {"launch_timeout": 0, "launch_poll_interval": 2, "launch_progress_interval": 30,
-            "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
-            "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
-            "launch_omp_num_threads": 0, "launch_collect_out_max_mb": 1024, "launch_mode": "toy",
-            "launch_python": "/opt/venv/bin/python3", "launch_node_dir": "/var/lib/torchfleet",
-            "launch_toy_greeting": "hello"}
-    return dict(base, **over)
+    return launch_values(**{"launch_mode": "toy", "launch_python": "/opt/venv/bin/python3",
+                            "launch_toy_greeting": "hello", **over})
 
 
 def plan_of(job_over=None, **over):

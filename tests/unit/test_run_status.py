@@ -3,16 +3,14 @@ fallback, and a stop that the store's host sees at once (the launch role's contr
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_folder, run_vocab
+from harness import guard_folder
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_folder, run_vocab
 from torchfleet import ranks, run_status
 
 UNITS = [{"name": f"r-rank{i}", "host": f"node-{i + 1}", "role": "rank", "ranks": [i]} for i in range(3)]
@@ -110,13 +108,7 @@ def test_a_stop_file_on_the_master_stops_the_run_well_within_a_poll(tmp_path):
     """The guard hosting the store, as a script with torch's real TCPStore and a poll of 30 s:
     a stop file written in its folder ends its unit within a few seconds, with the reason."""
     pytest.importorskip("torch.distributed")
-    run = tmp_path / "run"
-    run.mkdir()
-    for name in run_vocab.GUARD_SOURCES:
-        shutil.copy(Path(guard.__file__).parent / name, run / name)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    run, port = guard_folder(tmp_path)
     config = {"units": [dict(UNITS[0], log=str(run / "rank.log"))], "store_unit": 0, "node_timeout": 60,
               "run_id": "r", "job": "j", "poll_interval": 30, "stop_grace": 5,
               "store": {"host": "127.0.0.1", "port": port, "node": "node-1"}}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import role_guard
+from harness import launch_values, role_guard
 from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_files
 from torchfleet import inputs, modes, report, spec
 from torchfleet.errors import InventoryError
@@ -21,13 +21,8 @@ SLURM_NAMES = {"node-1.example": "n1", "node-2.example": "n2"}
 
 
 def values(**over):
-    base = {"launch_timeout": 0, "launch_poll_interval": 2, "launch_progress_interval": 30,
-            "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
-            "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
-            "launch_omp_num_threads": 1, "launch_collect_out_max_mb": 1024, "launch_mode": "slurm",
-            "launch_python": "/opt/torchfleet/venv/bin/python", "launch_node_dir": "/var/lib/torchfleet",
-            "launch_slurm_partition": "cpu"}
-    return dict(base, **over)
+    return launch_values(**{"launch_mode": "slurm", "launch_omp_num_threads": 1, "launch_slurm_partition": "cpu",
+                            "launch_python": "/opt/torchfleet/venv/bin/python", **over})
 
 
 def build(run_id="r1", **over):
