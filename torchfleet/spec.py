@@ -26,7 +26,7 @@ from torchfleet.vocab import run_vocab
 # What the launch sets for every rank besides the rank variables; the user may not set them.
 RESERVED_ENV = RANK_ENV_NAMES + ("TORCHFLEET_DATA_DIR", "TORCHFLEET_OUT_DIR", "TORCHFLEET_RUN_ID",
                                  "TORCHFLEET_CPUSETS", "TORCHFLEET_THREADS", "TORCHFLEET_HEARTBEAT",
-                                 "TORCHFLEET_CHECKPOINT_DIR")
+                                 "TORCHFLEET_CHECKPOINT_DIR", "TORCHFLEET_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 
 
 # The run's settings for its guards (job["guard"]), each from its variable: their defaults
@@ -35,6 +35,12 @@ GUARD_VARIABLES = {"port": "launch_guard_port", "node_timeout": "launch_node_tim
                    "stall_timeout": "launch_stall_timeout", "timeout": "launch_timeout",
                    "poll_interval": "launch_guard_poll_interval", "stop_grace": "launch_stop_grace",
                    "master_wait_timeout": "launch_master_wait_timeout"}
+
+
+# The run's restart settings (job["guard"]), each from its variable; absent, a run has one attempt.
+RESTART_VARIABLES = {"max_restarts": "launch_max_restarts", "min_nodes": "launch_min_nodes",
+                     "restart_backoff": "launch_restart_backoff", "rejoin_timeout": "launch_rejoin_timeout",
+                     "checkpoint_shared": "launch_checkpoint_shared"}
 
 
 # What a stop allows the guards beyond a node timeout and a grace before it kills what is left.
@@ -137,6 +143,15 @@ def guard_settings(job: Mapping[str, Any], master_port: int) -> dict[str, float]
         raise InventoryError(f"launch_node_timeout={settings['node_timeout']:g} must be at least twice "
                              f"launch_guard_poll_interval ({settings['poll_interval']:g})", None, "launch_node_timeout")
     settings["stop_wait"] = settings["node_timeout"] + settings["stop_grace"] + STOP_MARGIN_S
+    settings["max_restarts"] = int(float(given.get("max_restarts") or 0))
+    settings["min_nodes"] = int(float(given.get("min_nodes") or 0))
+    settings["restart_backoff"] = float(given.get("restart_backoff") or 0)
+    settings["rejoin_timeout"] = float(given.get("rejoin_timeout") or 0)
+    settings["checkpoint_shared"] = str(given.get("checkpoint_shared", False)).lower() in ("true", "1", "yes", "on")
+    for name in ("max_restarts", "min_nodes", "restart_backoff", "rejoin_timeout"):
+        if settings[name] < 0:
+            raise InventoryError(f"{RESTART_VARIABLES[name]}={settings[name]:g} must be at least 0", None,
+                                 RESTART_VARIABLES[name])
     return settings
 
 
@@ -146,7 +161,15 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
     unit to start hosts the store, on the cluster address, on its own port."""
     settings = guard_settings(job, table["master_port"])
     master = table["master_host"]
-    host_unit = min((i for i, u in enumerate(units) if u.host == master), key=lambda i: (units[i].phase, i))
+    order = restart_nodes(table)
+    if settings["min_nodes"] > len(order):
+        raise InventoryError(f"launch_min_nodes={settings['min_nodes']} is more than the launch's {len(order)} nodes",
+                             None, "launch_min_nodes")
+    # Each node's first unit to start hosts the store while its node is the master: the
+    # master's at first, the next node's after the master is lost (launch_max_restarts).
+    firsts = {n["host"]: min((i for i, u in enumerate(units) if u.host == n["host"]), key=lambda i: (units[i].phase, i))
+              for n in order}
+    host_unit = firsts[master]
     for i, unit in enumerate(units):
         s = nodes[unit.host].get("settings") or {}
         out = CONTAINER_OUT if unit.kind == "container" else \
@@ -162,8 +185,24 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         "stop_grace": settings["stop_grace"], "start_timeout": settings["start_timeout"],
         "stop_wait": settings["stop_wait"], "peer_error": PEER_ERROR_RE.pattern,
         "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
-                   "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u)} for u in units],
+                   "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u), "attempt": u.attempt}
+                  for u in units],
+        "restart": {"max_restarts": settings["max_restarts"],
+                    "min_nodes": settings["min_nodes"] or len(order), "backoff": settings["restart_backoff"],
+                    "rejoin_timeout": settings["rejoin_timeout"], "checkpoint_shared": settings["checkpoint_shared"]},
+        "nodes": order, "master_port": int(table["master_port"]),
+        "store_candidates": [{"node": n["host"], "host": n["address"], "port": settings["port"], "unit": firsts[n["host"]]}
+                             for n in order],
     }
+
+
+def restart_nodes(table: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The launch's nodes in node-rank order, each with its cluster address: the order in which
+    a later attempt numbers its nodes and a lost master's successor is chosen."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for row in sorted(table["ranks"], key=lambda r: (int(r["node_rank"]), int(r["rank"]))):
+        nodes.setdefault(str(row["host"]), {"host": str(row["host"]), "address": str(row["address"])})
+    return list(nodes.values())
 
 
 def _log(unit: Unit) -> str | None:

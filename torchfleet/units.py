@@ -47,6 +47,10 @@ class Unit:
     oom_kill_disable: bool = False
     # What is started: argv under its guard (module_utils/guard.py).
     command: list[str] = field(default_factory=list)
+    # What a later attempt (launch_max_restarts) changes: ``env`` maps a variable and ``argv``
+    # an option (its next argument) to the attempt's value of that name (guard_policy.unit_attempt):
+    # rank, node_rank, world_size, num_nodes, master_addr or master_port.
+    attempt: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 

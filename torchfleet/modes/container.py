@@ -9,6 +9,11 @@ from torchfleet.modes.context import NodeContext
 from torchfleet.vocab import run_vocab
 
 
+# What a later attempt renumbers (launch_max_restarts): the rank's variables.
+ATTEMPT_ENV = {"RANK": "rank", "WORLD_SIZE": "world_size", "MASTER_ADDR": "master_addr",
+               "MASTER_PORT": "master_port", "NODE_RANK": "node_rank"}
+
+
 class PerRank(LaunchMode):
     """One unit per rank, each started with the rank's own variables."""
 
@@ -24,7 +29,8 @@ class PerRank(LaunchMode):
             mems = ctx.mems(i) if container else None
             ctx.unit(name=name, role="rank", phase=0 if ctx.is_master else 1, argv=argv, env=env,
                      ranks=[int(row["rank"])], cpuset=ctx.cpuset(i), cpuset_mems=mems,
-                     labels=ctx.labels("rank", row["rank"]), listen=ctx.master_listen() if i == 0 else None)
+                     labels=ctx.labels("rank", row["rank"]), listen=ctx.master_listen() if i == 0 else None,
+                     attempt={"env": ATTEMPT_ENV})
             ctx.rank(row, i, self.name, name, argv, env, mems=mems)
 
 

@@ -26,6 +26,11 @@ def threads(node: Mapping[str, Any], local_ranks: int) -> list[int]:
     return [max(1, int(node.get("nproc") or 1) // max(local_ranks, 1))] * local_ranks
 
 
+def restarts(job: Mapping[str, Any]) -> bool:
+    """Whether the run may have later attempts (launch_max_restarts)."""
+    return int(float((job.get("guard") or {}).get("max_restarts") or 0)) > 0
+
+
 def _args(args: list[str], paths: Mapping[str, str]) -> list[str]:
     return [PLACEHOLDER.sub(lambda m: paths[m[1]], str(a)) for a in args]
 
@@ -98,6 +103,9 @@ class NodeContext:
             env["TORCHFLEET_CHECKPOINT_DIR"] = CONTAINER_CHECKPOINTS if self.runtime == "container" else \
                 self.settings["checkpoint_dir"]
         env.update(malloc_env(self.settings.get("malloc"), env))
+        if restarts(self.job):
+            # The first attempt's; each later one's guard sets its own.
+            env.update(TORCHFLEET_RESTART_COUNT="0", TORCHELASTIC_RESTART_COUNT="0")
         return env
 
     def rank_env(self, row: Mapping[str, Any], i: int) -> dict[str, str]:
@@ -167,8 +175,10 @@ class NodeContext:
 
 
 # Pins each local rank to its own cpuset with its own thread count, for a mode whose
-# launcher starts a node's ranks itself; $1.. is the rank's command.
-PIN = ('i=$(({local} + 1)); '
+# launcher starts a node's ranks itself; $1.. is the rank's command. A later attempt's count
+# (TORCHFLEET_RESTART_COUNT) overrides the launcher's own TORCHELASTIC_RESTART_COUNT.
+PIN = ('[ -z "$TORCHFLEET_RESTART_COUNT" ] || export TORCHELASTIC_RESTART_COUNT="$TORCHFLEET_RESTART_COUNT"; '
+       'i=$(({local} + 1)); '
        '[ -z "$TORCHFLEET_CPUSETS" ] || {{ export OMP_NUM_THREADS="$(echo "$TORCHFLEET_THREADS" | cut -d";" -f$i)"; '
        'exec taskset --cpu-list "$(echo "$TORCHFLEET_CPUSETS" | cut -d";" -f$i)" "$@"; }}; exec "$@"')
 

@@ -9,11 +9,14 @@ from typing import Any, Mapping
 
 from torchfleet import report
 from torchfleet.modes import LaunchMode, register
-from torchfleet.modes.context import PIN, NodeContext, pin_env
+from torchfleet.modes.context import PIN, NodeContext, pin_env, restarts
 from torchfleet.vocab import run_vocab
 
 # torchrun picks MASTER_PORT for its ranks itself (its store's port), so a plan cannot know it.
 TORCHRUN_DECIDES = ("MASTER_PORT",)
+# What a later attempt changes in the agent's command (launch_max_restarts).
+ATTEMPT_ARGV = {"--nnodes": "num_nodes", "--node-rank": "node_rank", "--master-addr": "master_addr",
+                "--master-port": "master_port"}
 
 
 class Torchrun(LaunchMode):
@@ -40,7 +43,9 @@ class Torchrun(LaunchMode):
         # runs the command as given.
         if ctx.job.get("command"):
             argv += ["--no-python", "sh", "-c", PIN.format(local="$LOCAL_RANK"), "rank", *workload]
-        elif ctx.pinning:
+        elif ctx.pinning or restarts(ctx.job):
+            # Through the wrapper, a later attempt's workers see its TORCHELASTIC_RESTART_COUNT,
+            # where torchrun's own is always 0.
             argv += ["--no-python", "sh", "-c", PIN.format(local="$LOCAL_RANK"), "rank", ctx.python, "-u", *script]
         elif script[0] == "-m":
             argv += ["-m", *script[1:]]
@@ -58,7 +63,8 @@ class Torchrun(LaunchMode):
         ctx.unit(name=name, role="torchrun", phase=0 if ctx.is_master else 1, argv=argv, env=env,
                  ranks=[int(r["rank"]) for r in ctx.rows],
                  cpuset=",".join(p["cpuset"] for p in ctx.pinning) if ctx.pinning else None, cpuset_mems=mems,
-                 labels=ctx.labels("torchrun", ctx.rows[0]["rank"]), listen=ctx.master_listen())
+                 labels=ctx.labels("torchrun", ctx.rows[0]["rank"]), listen=ctx.master_listen(),
+                 attempt={"env": {"NODE_RANK": "node_rank"}, "argv": ATTEMPT_ARGV})
         rank_argv = [ctx.python, "-u", *script] if not ctx.job.get("command") else workload
         for i, row in enumerate(ctx.rows):
             rank_env = ctx.rank_env(row, i)

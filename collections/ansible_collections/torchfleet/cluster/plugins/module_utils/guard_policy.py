@@ -108,3 +108,91 @@ def abort_for_lost(units: list[dict], lost: list[int], node_timeout: float) -> d
     return {"kind": vocab.AbortKind.NODE_LOST.value, "host": hosts[0], "hosts": hosts, "unit": units[lost[0]]["name"],
             "reason": f"lost {', '.join(hosts)}: no heartbeat for {node_timeout:g}s (launch_node_timeout); "
                       f"{who(units[lost[0]])} stopped answering"}
+
+
+# --- restarts (launch_max_restarts) ---------------------------------------------------------------
+
+# An attempt that failed this soon after its start, as the one before it did (the same unit,
+# the same exit), is a crash loop: a further attempt would only fail again.
+CRASH_LOOP_S = 60.0
+
+
+def restartable(abort: dict) -> bool:
+    return abort.get("kind") in vocab.RESTARTABLE
+
+
+def node_units(units: list[dict], host: str) -> list[int]:
+    """The units of ``host`` that take part in an attempt (services do not)."""
+    return [i for i, u in enumerate(units) if u["host"] == host and not u.get("service")]
+
+
+def plan_attempt(config: dict, hosts: list[str], attempt: int) -> dict:
+    """Attempt ``attempt`` on ``hosts``: the nodes keep their order, the first is the master,
+    and the ranks are numbered node by node from 0, each unit keeping its count of ranks."""
+    nodes = [n for n in config["nodes"] if n["host"] in hosts]
+    units, ranks, rank = {}, {}, 0
+    for node_rank, node in enumerate(nodes):
+        for i in node_units(config["units"], node["host"]):
+            count = len(config["units"][i].get("ranks") or [])
+            units[str(i)] = {"ranks": list(range(rank, rank + count)), "node_rank": node_rank}
+            ranks.setdefault(node["host"], []).extend(range(rank, rank + count))
+            rank += count
+    return {"attempt": attempt, "nodes": [n["host"] for n in nodes], "master": nodes[0]["host"],
+            "master_addr": nodes[0]["address"], "master_port": int(config["master_port"]), "world_size": rank,
+            "num_nodes": len(nodes), "units": units, "ranks": ranks}
+
+
+def unit_attempt(unit: dict, index: int, plan: dict, argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Unit ``index``'s environment and command in ``plan``'s attempt: the variables and
+    options its mode named (the unit's ``attempt``: which of the plan's values each takes),
+    and the restart count that scripts read."""
+    mine = plan["units"][str(index)]
+    values = {"rank": mine["ranks"][0] if mine["ranks"] else 0, "node_rank": mine["node_rank"],
+              "world_size": plan["world_size"], "num_nodes": plan["num_nodes"],
+              "master_addr": plan["master_addr"], "master_port": plan["master_port"]}
+    names = unit.get("attempt") or {}
+    env = {name: str(values[key]) for name, key in (names.get("env") or {}).items()}
+    env["TORCHFLEET_RESTART_COUNT"] = env["TORCHELASTIC_RESTART_COUNT"] = str(plan["attempt"] - 1)
+    flags = names.get("argv") or {}
+    command = list(argv)
+    for i in range(len(command) - 1):
+        if command[i] in flags:
+            command[i + 1] = str(values[flags[command[i]]])
+    return env, command
+
+
+def crash_loop(attempts: list[dict], window: float = CRASH_LOOP_S) -> str | None:
+    """A crash loop, said in one sentence: the last two attempts ended by the same unit's
+    same failure, the later one within ``window`` seconds of its start."""
+    ended = [a for a in attempts if a.get("cause")]
+    if len(ended) < 2:
+        return None
+    before, last = ended[-2]["cause"], ended[-1]["cause"]
+    if last.get("kind") != vocab.AbortKind.RANK_FAILED or before.get("kind") != last.get("kind"):
+        return None
+    if (before.get("unit"), before.get("reason")) != (last.get("unit"), last.get("reason")):
+        return None
+    if float(ended[-1].get("seconds") or 0) > window:
+        return None
+    return (f"crash loop: {last['reason']} in attempts {ended[-2]['attempt']} and {ended[-1]['attempt']}, "
+            f"within {window:g}s of its start")
+
+
+def restart_refused(abort: dict, attempts: list[dict], max_restarts: int, hosts: list[str], min_nodes: int,
+                    window: float = CRASH_LOOP_S) -> str | None:
+    """Why the run ends with this attempt instead of going on with ``hosts`` (the nodes that
+    still answer), or None: another attempt starts."""
+    if abort.get("kind") == vocab.AbortKind.STOPPED:
+        return "a stop on request is not restarted"
+    if not restartable(abort):
+        return f"a {abort.get('kind')} is not restarted"
+    used = max(0, len(attempts) - 1)
+    if used >= max_restarts:
+        return f"no restarts left ({used} of {max_restarts} used)"
+    loop = crash_loop(attempts, window)
+    if loop:
+        return loop
+    if len(hosts) < max(1, min_nodes):
+        return (f"only {len(hosts)} node{'s' if len(hosts) != 1 else ''} answer{'s' if len(hosts) == 1 else ''} "
+                f"({', '.join(hosts) or 'none'}); launch_min_nodes={min_nodes}")
+    return None

@@ -33,7 +33,7 @@ GUARD_SOURCE = "guard.py"  # the guard itself, which every unit runs under
 VOCAB_SOURCE = "run_vocab.py"  # this file, beside the guard that imports it
 # The guard and the module_utils it imports, copied together from the collection: the
 # script's own folder comes first on its import path, so it finds them with no path set.
-GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", VOCAB_SOURCE)
+GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", "guard_sync.py", VOCAB_SOURCE)
 JOB = "job.json"  # the run's state, as the guard hosting the store (on the master) writes it
 STOP = "stop"  # a stop asked for (torchfleet stop); its text is the reason
 SECRET_ENV = "node.secret.env"  # mpirun's ranks' secret environment, removed by the first guard to end
@@ -68,6 +68,16 @@ def unit_log(role: str, rank: int | None = None) -> str:
     return rank_log(rank) if role == "rank" and rank is not None else f"{role}.log"
 
 
+def attempt_log(log: str, attempt: int) -> str:
+    """The copy of attempt ``attempt``'s lines (2 and later) of the unit log ``log``, beside
+    it: the main log holds every attempt, each after the guard's banner line."""
+    stem = log[:-len(".log")] if log.endswith(".log") else log
+    return f"{stem}.attempt-{attempt}.log"
+
+
+ATTEMPT_BANNER = "[torchfleet guard] attempt "  # how a unit's log line that starts an attempt begins
+
+
 def checksum_file(rank: int) -> str:
     """Rank ``rank``'s parameter checksum, as the workload writes it at its end."""
     return f"checksum-rank-{rank}.txt"
@@ -94,13 +104,34 @@ def process_file(base: str, kind: ProcessFile) -> str:
 
 # --- the guards' store (a TCPStore on the master) ------------------------------------------------
 
-ABORT = "abort"  # the first abort, as JSON: kind, host, unit, reason
-DONE = "done"  # every primary unit exited 0: services (sshd) may end
+DONE = "done"  # every primary unit of the attempt that runs exited 0: services (sshd) and units left out may end
+RUN_KEY = "run"  # the run's id, set by the store's host: a guard that looks for a moved store checks it
 
 
-def exit_key(index: int) -> str:
-    """Unit ``index``'s exit code, once it ended."""
-    return f"exit/{index}"
+def abort_key(attempt: int = 1) -> str:
+    """The attempt's first abort, as JSON: kind, host, unit, reason."""
+    return f"abort/{attempt}"
+
+
+def exit_key(index: int, attempt: int = 1) -> str:
+    """Unit ``index``'s exit code in attempt ``attempt``, once it ended."""
+    return f"exit/{attempt}/{index}"
+
+
+def next_key(attempt: int) -> str:
+    """What the store's host decided once attempt ``attempt`` ended, as JSON: the next
+    attempt's plan (``plan``), or the run's end (``final``, the abort)."""
+    return f"next/{attempt}"
+
+
+def synced_key(attempt: int, host: str) -> str:
+    """The newest checkpoint reached ``host`` for attempt ``attempt`` (guard_sync)."""
+    return f"synced/{attempt}/{host}"
+
+
+def left_key(index: int) -> str:
+    """Unit ``index``'s guard read the run's end and is leaving."""
+    return f"left/{index}"
 
 
 def heartbeat_key(index: int) -> str:
@@ -119,6 +150,9 @@ class RunState(_Word):
     # No job.json on this node (a worker), and every unit there ended: the master says how.
     EXITED = "exited"
     UNKNOWN = "unknown"  # a folder with no record at all
+    # The master was lost and the run went on elsewhere: job.json's ``moved_to`` names the
+    # node whose job.json now speaks for it.
+    MOVED = "moved"
 
 
 class UnitState(_Word):
@@ -126,9 +160,11 @@ class UnitState(_Word):
     RUNNING = "running"
     EXITED = "exited"  # ended on its own account
     STOPPED = "stopped"  # its guard stopped it
+    RESTARTING = "restarting"  # its attempt ended; its guard waits for the next one
+    LEFT_OUT = "left_out"  # its node was lost and no later attempt took it
 
 
-UNIT_FINAL = (UnitState.EXITED, UnitState.STOPPED)
+UNIT_FINAL = (UnitState.EXITED, UnitState.STOPPED, UnitState.LEFT_OUT)
 
 
 class AbortKind(_Word):
@@ -141,13 +177,22 @@ class AbortKind(_Word):
     STOPPED = "stopped"
     # The guard that hosts the store never wrote job.json: the run never got going.
     NOT_STARTED = "not_started"
+    # This node was lost as the master and the run went on with another (job.json's moved_to).
+    MOVED = "moved"
 
 
-def job_state(units: list[dict], exits: dict[int, int], abort: dict | None, lost: list[int]) -> str:
+# An attempt that ends with one of these may be followed by another (launch_max_restarts).
+RESTARTABLE = (AbortKind.RANK_FAILED, AbortKind.NODE_LOST, AbortKind.STALLED)
+
+
+def job_state(units: list[dict], exits: dict[int, int], abort: dict | None, lost: list[int],
+              members: set[int] | None = None) -> str:
     """The run's state from the store's view: running, succeeded or failed; a stop on request
-    is stopped. Services (sshd) do not count."""
-    primary = [i for i, u in enumerate(units) if not u.get("service")]
+    is stopped. Services (sshd) do not count, nor units outside the attempt (``members``)."""
+    primary = [i for i, u in enumerate(units) if not u.get("service") and (members is None or i in members)]
     if abort:
+        if abort["kind"] == AbortKind.MOVED:
+            return RunState.MOVED.value
         return (RunState.STOPPED if abort["kind"] == AbortKind.STOPPED else RunState.FAILED).value
     if lost:
         return RunState.FAILED.value
