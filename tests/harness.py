@@ -44,7 +44,8 @@ def launch_values(**over) -> dict:
             "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
             "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
             "launch_omp_num_threads": 0, "launch_collect_out_max_mb": 1024, "launch_mode": "container",
-            "launch_node_dir": "/var/lib/torchfleet"}
+            "launch_node_dir": "/var/lib/torchfleet", "launch_max_restarts": 0, "launch_min_nodes": 0,
+            "launch_restart_backoff": 2, "launch_rejoin_timeout": 5}
     return dict(base, **over)
 
 
@@ -72,9 +73,10 @@ def mark_folder(items, conftest: str, marker: pytest.MarkDecorator) -> None:
             item.add_marker(marker)
 
 
-def local_cluster(name: str, subnet: str, inventory_dir: Path, runs_dir: Path, **kwargs) -> torchfleet.Cluster:
+def local_cluster(name: str, subnet: str, inventory_dir: Path, runs_dir: Path, nodes: int = 2,
+                  **kwargs) -> torchfleet.Cluster:
     # The nodes load the image from the archive folder they share with this machine.
-    cluster, _ = torchfleet.local_up(2, name=name, subnet=subnet, inventory_dir=inventory_dir, runs_dir=runs_dir,
+    cluster, _ = torchfleet.local_up(nodes, name=name, subnet=subnet, inventory_dir=inventory_dir, runs_dir=runs_dir,
                                      env=ENV, extra_vars={"image_archive_on_node": True}, **kwargs)
     return cluster
 

@@ -38,6 +38,8 @@ RANGES: tuple[tuple[str, float, float | None, str], ...] = (
     ("launch_stop_grace", 0, 3600, ""), ("launch_keep_runs", 1, None, ""),
     ("launch_omp_num_threads", 0, None, " (0: from the CPUs)"),
     ("launch_collect_out_max_mb", 0, 1 << 20, " (0: bring no out folder back)"),
+    ("launch_max_restarts", 0, 1000, " (0: no restarts)"), ("launch_min_nodes", 0, None, " (0: every node)"),
+    ("launch_restart_backoff", 0, 3600, ""), ("launch_rejoin_timeout", 0, 3600, ""),
 )
 
 
@@ -55,7 +57,7 @@ def input_variables() -> tuple[str, ...]:
     own = {v for mode in modes.names() for v, _ in modes.get(mode).SETTINGS.values()}
     return tuple(sorted({v for v, _ in SETTINGS.values()} | own | {r[0] for r in RANGES + OVERLAY_RANGES} | {
         "launch_mode", "launch_torchrun_runtime", "launch_proxy_env", "launch_extra_env", "launch_secret_env",
-        "launch_transport", "launch_overlay_interface", "launch_master_port"}))
+        "launch_transport", "launch_overlay_interface", "launch_master_port", "launch_checkpoint_shared"}))
 
 
 def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
@@ -81,6 +83,9 @@ def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
         if settings["checkpoint_dir"] and not settings["checkpoint_dir"].startswith("/"):
             bad.append({"variable": "launch_checkpoint_dir", "message": f"launch_checkpoint_dir="
                         f"{settings['checkpoint_dir']!r} must be an absolute path on the node"})
+        if as_bool(values.get("launch_checkpoint_shared") or False) and not settings["checkpoint_dir"]:
+            bad.append({"variable": "launch_checkpoint_shared", "message": "launch_checkpoint_shared=true says every "
+                        "node sees the same launch_checkpoint_dir, but launch_checkpoint_dir is empty"})
     try:
         parts = split_site_env({**settings, "proxy_env": values.get("launch_proxy_env") or {},
                                 "extra_env": values.get("launch_extra_env") or {}},
@@ -134,6 +139,32 @@ def check_job(name: Any) -> str:
         raise InventoryError(f"launch_job={name!r} must be 1-63 letters, digits, '_', '.' or '-', starting with a "
                              "letter or digit", None, "launch_job")
     return name
+
+
+def check_min_nodes(min_nodes: Any, num_nodes: int) -> int:
+    """launch_min_nodes as a count of nodes (0: every node of the launch), or InventoryError
+    naming it when the launch has fewer nodes. Resolving a count again gives it back."""
+    try:
+        wanted = int(min_nodes or 0)
+    except (TypeError, ValueError):
+        wanted = -1
+    if not 0 <= wanted <= int(num_nodes):
+        raise InventoryError(f"launch_min_nodes={min_nodes} must be between 0 (every node) and the launch's "
+                             f"{num_nodes} nodes", None, "launch_min_nodes")
+    return wanted or int(num_nodes)
+
+
+# The per-run checkpoint folder's name in the node's run folder.
+RUN_CHECKPOINTS = "checkpoints"
+
+
+def checkpoint_dir(settings: Mapping[str, Any], run_id: str, max_restarts: Any) -> str:
+    """The node's checkpoint folder (TORCHFLEET_CHECKPOINT_DIR): launch_checkpoint_dir, else with
+    restarts on one of the run's own under launch_node_dir, so that every attempt after the
+    first has one to resume from; else none ("")."""
+    if settings.get("checkpoint_dir") or not int(float(max_restarts or 0)):
+        return str(settings.get("checkpoint_dir") or "")
+    return f"{settings['node_dir']}/runs/{run_id}/{RUN_CHECKPOINTS}"
 
 
 # A run id names folders and containers on the nodes and a folder under runs/: one path

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from torchfleet import report
+from torchfleet.inputs import RUN_CHECKPOINTS
 from torchfleet.vocab import run_vocab as vocab
 
 VARIABLE = "launch_collect_out_max_mb"
@@ -26,10 +27,10 @@ MB = 1 << 20
 MAX_MB = 1 << 20
 # The run folder's files that torchfleet writes whatever the mode: the spec, the guard with
 # the modules it imports (and Python's cache of them, a folder) and its config, the
-# mpirun environment files (one of them secret), the stop request and the run's state (on
-# the master).
+# mpirun environment files (one of them secret), the stop request, the run's state (on
+# the master) and the run's own checkpoint folder (large, and for the nodes).
 OWN = (vocab.SPEC, *vocab.GUARD_SOURCES, "__pycache__", vocab.GUARD_CONFIG, "node.env",
-       vocab.SECRET_ENV, vocab.STOP, vocab.JOB)
+       vocab.SECRET_ENV, vocab.STOP, vocab.JOB, RUN_CHECKPOINTS)
 
 
 def own_files(spec: Mapping[str, Any], host: str) -> list[str]:

@@ -812,6 +812,7 @@ def _input_values(**over):
               "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
               "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
               "launch_omp_num_threads": "2", "launch_collect_out_max_mb": 1024, "launch_mode": "process",
+              "launch_max_restarts": 0, "launch_min_nodes": 0, "launch_restart_backoff": 2, "launch_rejoin_timeout": 5,
               "launch_gloo_tls": "yes",
               "launch_tls_node_dir": "/etc/pki", "launch_ssh_port": "2222", "ssh_mesh_launcher": "node-1",
               "launch_proxy_env": {"https_proxy": "http://u:pw@proxy:3128"}, "launch_extra_env": {"A": 1},

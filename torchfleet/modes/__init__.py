@@ -114,6 +114,13 @@ class LaunchMode:
         return finals, reason
 
 
+def refuse_restarts(job: Mapping[str, Any], why: str) -> Unsupported:
+    """launch_max_restarts above 0 refused, for a mode whose guards cannot restart its ranks
+    (the run's setting, in ``job["guard"]``, not a node's)."""
+    asked = int(float((job.get("guard") or {}).get("max_restarts") or 0)) > 0
+    return ("launch_max_restarts", lambda settings: asked, why)
+
+
 _MODES: dict[str, LaunchMode] = {}
 
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from torchfleet import netif, report
 from torchfleet.errors import InventoryError
-from torchfleet.modes import LaunchMode, register
+from torchfleet.modes import LaunchMode, Unsupported, refuse_restarts, register
 from torchfleet.modes.context import PIN, NodeContext, pin_env
 from torchfleet.units import CONTAINER_WORKLOAD, Mount
 from torchfleet.vocab import run_vocab
@@ -31,6 +31,10 @@ class Mpirun(LaunchMode):
         "ssh_container_dir": ("launch_ssh_container_dir", str), "sshd_path": ("launch_sshd_path", str),
         "ssh_launcher": ("ssh_mesh_launcher", str),
     }
+
+    def unsupported(self, job: Mapping[str, Any]) -> tuple[Unsupported, ...]:
+        why = "one mpirun launcher starts every rank over SSH, so the guards cannot restart the ranks or a subset of them"
+        return super().unsupported(job) + (refuse_restarts(job, why),)
 
     def check_node(self, host: str, settings: Mapping[str, Any], table: Mapping[str, Any]) -> None:
         if settings.get("ssh_launcher") not in (None, "", table["master_host"]):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from torchfleet import slurm
-from torchfleet.modes import register
+from torchfleet.modes import Unsupported, refuse_restarts, register
 from torchfleet.modes.process import Process
 from torchfleet.vocab import run_vocab
 
@@ -28,6 +28,10 @@ class Slurm(Process):
 
     def unit_kind(self, job: Mapping[str, Any]) -> str:
         return "scheduler"
+
+    def unsupported(self, job: Mapping[str, Any]) -> tuple[Unsupported, ...]:
+        why = "the job's allocation is Slurm's: requeue it with sbatch --requeue instead"
+        return super().unsupported(job) + (refuse_restarts(job, why),)
 
     def node_facts(self, host: str, table: Mapping[str, Any], probe: Mapping[str, Any]) -> dict[str, Any]:
         # slurm.conf names each node by its short hostname (the slurm role's NodeName).

@@ -33,9 +33,12 @@ class ActionModule(ActionBase):
                 raise InventoryError("is not in the launch group launch_hosts_group", outside[0], "launch_hosts_group")
             inputs.check_job(job.get("job"))
             job["run_id"] = inputs.check_run_id(job["run_id"]) if job.get("run_id") else inputs.new_run_id()
+            # The node count is known once the ranks are numbered.
+            guard = job["guard"] = dict(job.get("guard") or {})
+            guard["min_nodes"] = inputs.check_min_nodes(guard.get("min_nodes"), args["table"]["num_nodes"])
             # Two names for one machine: what each node said of itself (node_probe's identity).
             hosts.refuse_same_identity({h: hostvars[h]["launch__node_state"].get("identity") for h in args["hosts"]})
-            nodes = {h: _node(h, args["table"], job.get("mode"), hostvars[h]) for h in args["hosts"]}
+            nodes = {h: _node(h, args["table"], job, hostvars[h]) for h in args["hosts"]}
             built = spec.build(job, args["table"], nodes)
         except InventoryError as exc:
             return core.fail_input(result, exc)
@@ -55,10 +58,13 @@ class ActionModule(ActionBase):
         return result
 
 
-def _node(host, table, mode, hostvars):
+def _node(host, table, job, hostvars):
     """What the spec needs of a node, from what its own tasks read: its checked input
-    (launch_input) and its probe (node_probe), with its pinning planned from both."""
+    (launch_input), its checkpoint folder now that the run id is known, and its probe
+    (node_probe), with its pinning planned from both."""
     probe, checked = hostvars["launch__node_state"], hostvars["launch__input"]
+    folder = inputs.checkpoint_dir(checked["settings"], job["run_id"], job["guard"].get("max_restarts"))
+    checked = dict(checked, settings=dict(checked["settings"], checkpoint_dir=folder))
     ranks = sum(1 for r in table["ranks"] if r["host"] == host)
     pinning = cpus.plan(host, probe.get("topology") or {}, ranks, checked["pinning"])
-    return spec.node_entry(host, table, mode, probe, checked, pinning)
+    return spec.node_entry(host, table, job.get("mode"), probe, checked, pinning)

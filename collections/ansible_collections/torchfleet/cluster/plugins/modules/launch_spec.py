@@ -11,9 +11,14 @@ description:
     M(torchfleet.cluster.node_probe)'s reading) through hostvars, plans each node's CPU pinning
     (torchfleet.cpus.plan), checks them together, and returns the spec every start task applies
     and the plan shows.
+  - With restarts on (C(job.guard.max_restarts) above 0) and no launch_checkpoint_dir, each node's
+    checkpoint folder is the run's own, C(<launch_node_dir>/runs/<run id>/checkpoints)
+    (torchfleet.inputs.checkpoint_dir); the node's entry in C(nodes) carries it for the start to make.
   - Fails with C(torchfleet_error) (host, variable) on bad input, a launch_run_id that is not a
-    plain name (torchfleet.inputs.RUN_ID), and two hosts whose nodes report one identity
-    (M(torchfleet.cluster.node_probe)'s C(identity); torchfleet.hosts). The inventory's own checks,
+    plain name (torchfleet.inputs.RUN_ID), a launch_min_nodes (C(job.guard.min_nodes)) above the
+    launch's number of nodes, restarts under a launch mode that cannot restart its ranks, and
+    two hosts whose nodes report one identity (M(torchfleet.cluster.node_probe)'s C(identity);
+    torchfleet.hosts). The inventory's own checks,
     and the warnings about variables that look like torchfleet's, come before, from
     M(torchfleet.cluster.inventory_check).
 author: torchfleet developers (!UNKNOWN)
