@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchfleet import api, progress
+from torchfleet import api, attempts, progress
 from torchfleet.errors import Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed, TorchfleetError
 from torchfleet.vocab import run_vocab as vocab
 
@@ -162,10 +162,13 @@ def cmd_launch(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_runs(args: argparse.Namespace) -> dict[str, Any]:
     runs = _cluster(args).cluster_runs()
     if not args.json:
-        table = Table("run", "job", "state", "on nodes", "collected")
+        # The attempt column only where a run has restarts (launch_max_restarts).
+        restarts = any((r.get("max_attempts") or 1) > 1 for r in runs)
+        table = Table("run", "job", "state", *(["attempt"] if restarts else []), "on nodes", "collected")
         for r in runs:
-            table.add_row(r["run_id"], r.get("job") or "-", r.get("state") or "-", ",".join(r["nodes"]) or "-",
-                          "yes" if r["local"] else "no")
+            attempt = [f"{r.get('attempt') or 1} of {r.get('max_attempts') or 1}"] if restarts else []
+            table.add_row(r["run_id"], r.get("job") or "-", r.get("state") or "-", *attempt,
+                          ",".join(r["nodes"]) or "-", "yes" if r["local"] else "no")
         out.print(table)
         if runs and runs[0]["unreachable"]:
             out.print(f"[yellow]not answering:[/] {', '.join(runs[0]['unreachable'])}")
@@ -176,7 +179,10 @@ def cmd_status(args: argparse.Namespace) -> dict[str, Any]:
     status = _cluster(args).run(args.run_id).status()
     if not args.json:
         out.print(f"[bold]run {status.run_id}[/] ({status.job or '-'}): {status.state}"
+                  + "".join(f", {escape(w)}" for w in [attempts.running_words(status.to_dict())] if w)
                   + (f" - {escape(status.abort['reason'])}" if status.abort else ""))
+        for line in attempts.ended_lines(status.attempts):
+            out.print(f"  {escape(line)}")
         table = Table("host", "unit", "state", "exit", "why stopped")
         for host, node in status.nodes.items():
             for u in node.get("units", []):
@@ -207,6 +213,8 @@ def _follow(cluster: api.Cluster, run_id: str, interval: float, lines: int) -> d
             status = handle.status(log_lines=lines)
             for host, node in sorted(status.nodes.items()):
                 for name, text in sorted((node.get("logs") or {}).items()):
+                    if attempts.is_attempt_log(name):
+                        continue  # its lines are in the main log too
                     for line in _new_lines(seen.get((host, name), []), text):
                         out.print(f"[dim]{host} {name}:[/] {escape(line)}")
                     seen[(host, name)] = text
@@ -341,14 +349,19 @@ def _print_hosts(result: api.PlaybookResult) -> None:
 def _print_run(run: api.RunResult) -> None:
     table = Table("rank", "host", "exit", "outcome", "duration", "steps", "last loss", "cpuset", "mems",
                   title=f"run {run.run_id}  (master {run.master})")
-    colour = {"ok": "green", "failed": "red", "missing": "red", "stopped": "yellow"}
+    colour = {"ok": "green", "failed": "red", "missing": "red", "stopped": "yellow", "left out": "dim"}
     for r in run.ranks:
         table.add_row(str(r.rank), r.host, "-" if r.exit_code is None else str(r.exit_code),
                       f"[{colour.get(r.outcome, 'white')}]{r.outcome}[/]",
                       "-" if r.duration_s is None else f"{r.duration_s:.1f}s", str(r.steps),
                       "-" if r.last_loss is None else f"{r.last_loss:.4f}", r.cpuset or "-", r.cpuset_mems or "-")
     out.print(table)
+    for line in attempts.ended_lines(run.attempts):
+        out.print(escape(line))
     if run.ok:
+        succeeded = attempts.succeeded_words(run.attempts, run.max_attempts)
+        if succeeded:
+            out.print(f"run {run.run_id} {escape(succeeded)}")
         if run.checksums_equal is not None:
             out.print(f"checksums equal on every rank: {'yes' if run.checksums_equal else '[red]no[/]'}")
     for label, path in (("logs, summary", run.run_dir), ("loss plot", run.loss_plot), ("model", run.model)):

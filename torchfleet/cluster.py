@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from torchfleet import run_status, runner
+from torchfleet import attempts, run_status, runner
 from torchfleet.errors import (HostUnreachable, Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed,
                                TorchfleetError)
 from torchfleet.events import Collector, EventHook, input_error, lost_only
@@ -209,23 +209,33 @@ class Cluster:
 
     def cluster_runs(self) -> list[dict[str, Any]]:
         """Every run the nodes hold and every run in runs/, newest last: run_id, job, state,
-        where it was found (nodes, local) and the nodes that did not answer."""
+        where it was found (nodes, local), the nodes that did not answer, and its attempt of
+        how many (1 of 1 without restarts)."""
         view = self._control("runs", None)
         found: dict[str, dict[str, Any]] = {}
+        records: dict[str, list[dict[str, Any] | None]] = {}
         for host, node in sorted((view.get("nodes") or {}).items()):
             for r in node or []:
                 entry = found.setdefault(r["run_id"], {"run_id": r["run_id"], "job": r.get("job"), "state": None,
                                                         "nodes": [], "local": False})
                 entry["nodes"].append(host)
-                # The master's job.json speaks for the run; other nodes only for their units.
-                if r.get("job_state") or entry["state"] in (None, vocab.RunState.EXITED, vocab.RunState.UNKNOWN):
+                # The master's job.json speaks for the run (with restarts, the node's the run
+                # moved to: records[]); other nodes only for their units.
+                records.setdefault(r["run_id"], []).append(r.get("job_state"))
+                if entry["state"] in (None, vocab.RunState.EXITED, vocab.RunState.UNKNOWN):
                     entry["state"] = r["state"]
+        for run_id, jobs in records.items():
+            record = attempts.newest_record(jobs)
+            if record:
+                found[run_id]["state"] = record["state"]
+            found[run_id]["attempt"], found[run_id]["max_attempts"] = attempts.position(record)
         for run_id in self.runs():
             entry = found.setdefault(run_id, {"run_id": run_id, "job": None, "state": None, "nodes": [], "local": True})
             entry["local"] = True
             if entry["state"] is None:
                 summary = json.loads((self.runs_dir / run_id / vocab.SUMMARY).read_text())
                 entry["state"] = (vocab.RunState.SUCCEEDED if summary.get("ok") else vocab.RunState.FAILED).value
+                entry["attempt"], entry["max_attempts"] = summary.get("attempt") or 1, summary.get("max_attempts") or 1
         for entry in found.values():
             entry["unreachable"] = view.get("unreachable") or []
         return [found[k] for k in sorted(found)]

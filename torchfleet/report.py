@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from torchfleet import modes
+from torchfleet import attempts, modes
 from torchfleet.vocab import run_vocab as vocab
 
 STEP_RE = re.compile(
@@ -23,6 +23,9 @@ PEER_ERROR_RE = re.compile(
     re.IGNORECASE,
 )
 
+
+# A rank on a node that the last attempt ran without (launch_max_restarts): neither ok nor failed.
+LEFT_OUT = "left out"
 
 # What rank_containers reports of each container's configuration, with its default.
 CONTAINER_FIELDS = {"env": {}, "cpuset": None, "cpuset_mems": None, "devices": [], "mounts": [],
@@ -89,9 +92,26 @@ def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
     for rank in sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host):
         files += [(vocab.rank_log(rank),) * 2, (vocab.checksum_file(rank),) * 2]
     files += [(vocab.guard_record(i),) * 2 for i, unit in enumerate(spec["guard"]["units"]) if unit["host"] == host]
+    restarts = int(spec["guard"].get("max_restarts") or 0)
     if host == spec["master_host"]:
         files += [(vocab.JOB,) * 2, ("model.pt",) * 2]
-    return files + modes.get(spec["mode"]).run_files(host, host == spec["master_host"])
+    elif restarts:
+        # Another node may have become the master (a lost master): its record and model too.
+        files += [(vocab.JOB, node_job(host)), ("model.pt", node_model(host))]
+    files += modes.get(spec["mode"]).run_files(host, host == spec["master_host"])
+    # Each attempt's copy of a log, beside it (the main log holds every attempt too).
+    return files + [(a, b) for name, local in files if name.endswith(".log")
+                    for a, b in zip(attempts.attempt_logs(name, restarts), attempts.attempt_logs(local, restarts))]
+
+
+def node_job(host: str) -> str:
+    """runs/RUN/'s copy of ``host``'s job.json where it is not the spec's master (restarts)."""
+    return f"job-{host}.json"
+
+
+def node_model(host: str) -> str:
+    """runs/RUN/'s copy of ``host``'s model.pt where it is not the spec's master (restarts)."""
+    return f"model-{host}.pt"
 
 
 def guard_key(role: str | None, name: str | None, ranks: list[int] | int | None) -> tuple[str | None, int]:
@@ -120,11 +140,15 @@ def guard_records(run_dir: str | Path) -> tuple[dict[tuple, dict[str, Any]], dic
 
 def job_record(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's state as the guard hosting the store last wrote it (job.json, fetched from
-    the master), or None."""
-    try:
-        return json.loads((Path(run_dir) / vocab.JOB).read_text())
-    except (OSError, ValueError):
-        return None
+    the master; with restarts, the node's that the run moved to, where the master was lost),
+    or None."""
+    records = []
+    for path in [Path(run_dir) / vocab.JOB, *sorted(Path(run_dir).glob(node_job("*")))]:
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return dict(attempts.newest_record(records)) if records else None
 
 
 def cluster_finals(spec: Mapping[str, Any], finals: Iterable[Mapping[str, Any]], job: Mapping[str, Any] | None,
@@ -168,6 +192,8 @@ def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Map
         if guard and guard.get("state") in vocab.UNIT_FINAL:
             final["stopped_by_torchfleet"] = guard["state"] == vocab.UnitState.STOPPED
             final["stopped_because"] = guard.get("stopped_because")
+            if guard["state"] == vocab.UnitState.LEFT_OUT:
+                final["left_out"] = True
             if guard.get("exit_code") is not None:
                 final["exit_code"] = guard["exit_code"]
         out.append(final)
@@ -178,7 +204,8 @@ def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Map
         out.append({"name": name, "rank": first, "role": guard.get("role", "rank"), "exit_code": guard.get("exit_code"),
                     "started_at": guard.get("started_at"), "finished_at": guard.get("ended_at"),
                     "stopped_by_torchfleet": guard["state"] == vocab.UnitState.STOPPED,
-                    "stopped_because": guard.get("stopped_because")})
+                    "stopped_because": guard.get("stopped_because"),
+                    "left_out": guard["state"] == vocab.UnitState.LEFT_OUT})
     return out
 
 
@@ -202,6 +229,10 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
     """
     run_dir = Path(run_dir)
     by_rank = {int(f["rank"]): f for f in finals}
+    job = job_record(run_dir)
+    tried = attempts.table(job, run_dir)
+    # With restarts, a node that the last attempt ran without (it was lost) holds no end to judge.
+    last_nodes = set(tried[-1].get("nodes") or ()) if tried and tried[-1].get("nodes") else None
     rows = []
     for entry in spec["ranks"]:
         rank = entry["rank"]
@@ -211,7 +242,9 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         steps = parse_steps(log)
         started, finished = parse_time(final.get("started_at")), parse_time(final.get("finished_at"))
         exit_code = final.get("exit_code")
-        if final.get("stopped_by_torchfleet"):
+        if final.get("left_out") or (last_nodes is not None and entry["host"] not in last_nodes):
+            outcome = LEFT_OUT
+        elif final.get("stopped_by_torchfleet"):
             outcome = "stopped"
         elif exit_code == 0:
             outcome = "ok"
@@ -247,7 +280,8 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
             rows[-1][key] = rows[-1][key] or entry.get(key) or None
     culprit = choose_culprit(rows)
     checksums = {}
-    for row in rows:
+    judged = [r for r in rows if r["outcome"] != LEFT_OUT]
+    for row in judged:
         path = run_dir / vocab.checksum_file(row["rank"])
         if path.exists():
             checksums[row["rank"]] = path.read_text().strip()
@@ -257,13 +291,13 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         "master": f"{spec['master_addr']}:{spec['master_port']}",
         "world_size": spec["world_size"],
         "mode": spec.get("mode"),
-        "ok": culprit is None and not abort and all(r["outcome"] == "ok" for r in rows),
+        "ok": culprit is None and not abort and all(r["outcome"] == "ok" for r in judged),
         "abort": dict(abort) if abort else None,
         "failed_rank": culprit,
         "checksums": checksums,
         # None where the job writes no checksums: there is nothing to compare.
-        "checksums_equal": (len(checksums) == len(rows) and len(set(checksums.values())) == 1) if checksums else None,
-        "model": str(run_dir / "model.pt") if (run_dir / "model.pt").exists() else None,
+        "checksums_equal": (len(checksums) == len(judged) and len(set(checksums.values())) == 1) if checksums else None,
+        "model": final_model(run_dir, spec, job),
         "ranks": rows,
         "unreachable": lost,
         # The nodes some of whose ranks' logs did not arrive (they are still on the node): a
@@ -271,7 +305,22 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         "logs_missing": sorted({r["host"] for r in rows
                                 if r["host"] in lost or (r["outcome"] != "not started" and not r["log"])}),
         "note": unreachable_note(run_id, lost),
+        # With restarts (launch_max_restarts), every attempt: job.json's table, each with the
+        # step it resumed from; [] for a run without.
+        "attempts": tried,
+        "attempt": attempts.position(job)[0],
+        "max_attempts": attempts.position(job)[1],
     }
+
+
+def final_model(run_dir: Path, spec: Mapping[str, Any], job: Mapping[str, Any] | None) -> str | None:
+    """Rank 0's model: the spec's master's, or the node's that the run moved to (restarts)."""
+    master = (job or {}).get("master")
+    for path in ([run_dir / node_model(master)] if master and master != spec["master_host"] else []) + \
+            [run_dir / "model.pt"]:
+        if path.exists():
+            return str(path)
+    return None
 
 
 def unreachable_note(run_id: str, lost: Iterable[str]) -> str | None:
@@ -319,6 +368,18 @@ def _how_it_ended(code: Any) -> str:
 
 
 def failure_message(summary: Mapping[str, Any], reason: str | None = None) -> str:
+    """Why the run failed; with restarts, every attempt's cause first, and why no more ran."""
+    tried = attempts.failed_words(summary.get("attempts") or [], summary.get("abort"))
+    message = _how_it_failed(summary, reason)
+    return f"{tried}\n{message}" if tried else message
+
+
+def result_line(summary: Mapping[str, Any]) -> str | None:
+    """What a run that succeeded after restarts says of it, or None."""
+    return attempts.succeeded_words(summary.get("attempts") or [], summary.get("max_attempts") or 1)
+
+
+def _how_it_failed(summary: Mapping[str, Any], reason: str | None) -> str:
     c = summary["failed_rank"]
     abort = summary.get("abort") or {}
     note = f"\n{summary['note']}" if summary.get("note") else ""

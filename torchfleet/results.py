@@ -155,6 +155,11 @@ class RunResult:
     # (its guards' records), and their logs are still on them; ``note`` says so, or is None.
     unreachable: list[str] = field(default_factory=list)
     note: str | None = None
+    # With restarts (launch_max_restarts): every attempt (start, end, cause, nodes, world
+    # size, resumed_from), the last one's number and how many the run had; [], 1, 1 without.
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int = 1
+    max_attempts: int = 1
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "RunResult":
@@ -186,6 +191,9 @@ class RunResult:
             outputs=data.get("outputs") or {},
             unreachable=data.get("unreachable") or [],
             note=data.get("note"),
+            attempts=data.get("attempts") or [],
+            attempt=data.get("attempt") or 1,
+            max_attempts=data.get("max_attempts") or 1,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,6 +215,12 @@ class RunStatus:
     unreachable: list[str]
     source: str = "nodes"
     note: str | None = None
+    # With restarts (launch_max_restarts): the attempt that runs (or ran last) of how many,
+    # whether the next one is being started, and every attempt so far; 1, 1, False, [] without.
+    attempt: int = 1
+    max_attempts: int = 1
+    restarting: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from torchfleet import attempts
 from torchfleet.vocab import run_vocab as vocab
 
 # Where a status was read from (RunStatus.source).
@@ -19,19 +20,30 @@ def from_view(view: Mapping[str, Any]) -> dict[str, Any]:
     record = view.get("record")
     if record:
         return {"state": record["state"], "job": record.get("job"), "abort": record.get("abort"),
-                "nodes": dict(record.get("nodes") or {}), "unreachable": [], "source": FROM_RECORD, "note": None}
+                "nodes": dict(record.get("nodes") or {}), "unreachable": [], "source": FROM_RECORD, "note": None,
+                **attempt_fields(record)}
     nodes = {h: r for h, r in (view.get("nodes") or {}).items() if r}
-    master = next((r for r in nodes.values() if r.get("job_state")), None)
+    # The store's host's job.json; with restarts, the node's the run moved to, not an old master's.
+    master = attempts.newest_record(r.get("job_state") for r in nodes.values())
     states = [r.get("state") for r in nodes.values()]
     if master:
-        state, abort = master["job_state"]["state"], master["job_state"].get("abort")
+        state, abort = master["state"], master.get("abort")
     else:
         state = vocab.RunState.RUNNING.value if vocab.RunState.RUNNING in states else (
             states[0] if states else vocab.RunState.UNKNOWN.value)
         abort = next((u.get("abort") for r in nodes.values() for u in r.get("units", []) if u.get("abort")), None)
     return {"state": state, "job": next((r.get("job") for r in nodes.values()), None), "abort": abort,
             "nodes": nodes, "unreachable": list(view.get("unreachable") or []), "source": FROM_NODES,
-            "note": why_every_node(view.get("master"))}
+            "note": why_every_node(view.get("master")), **attempt_fields(master)}
+
+
+def attempt_fields(job: Mapping[str, Any] | None) -> dict[str, Any]:
+    """RunStatus's attempt fields from the run's record (job.json, or the master's record of
+    it): ``attempt``, ``max_attempts``, ``restarting`` and ``attempts``; a run without
+    restarts is attempt 1 of 1."""
+    attempt, most = attempts.position(job)
+    return {"attempt": attempt, "max_attempts": most, "restarting": bool((job or {}).get(attempts.RESTARTING)),
+            "attempts": [dict(a) for a in (job or {}).get(attempts.ATTEMPTS) or []]}
 
 
 def why_every_node(master: Mapping[str, Any] | None) -> str | None:
@@ -48,6 +60,9 @@ def why_every_node(master: Mapping[str, Any] | None) -> str | None:
     if not master["found"]:
         return f"read from every node: {host}, the inventory's master, does not hold the run"
     state, age = master.get("state"), master.get("job_age_s")
+    if state == vocab.RunState.MOVED:
+        return (f"read from every node: {host} was the master until the run moved to "
+                f"{master.get(attempts.MOVED_TO) or 'another node'}")
     if state != vocab.RunState.RUNNING:
         return None  # a run that ended: its units' own records say how each ended
     if age is None:

@@ -5,6 +5,9 @@ master's), whatever the number of nodes, and ends when the run does, or when the
 stops answering (the other nodes' guards then stop their ranks themselves). Each call waits
 on the master until the run ends or the next progress line is due, reading job.json there
 every poll: one module run per progress line instead of one per poll.
+
+With restarts, a master whose job.json says the run moved on ends the follow as ``moved``;
+the launch role's wait.yml then follows the next node in node order with ``takeover``.
 """
 
 import time
@@ -15,6 +18,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+from torchfleet import attempts
 
 display = Display()
 
@@ -25,6 +29,9 @@ ARGS = {
     "progress_interval": {"type": "float", "default": 10.0},
     "start_timeout": {"type": "float", "default": 120.0},
     "stale_after": {"type": "float", "default": 20.0},
+    # A node followed because the master was lost or moved (restarts): a job.json that does
+    # not appear within start_timeout means the run went on elsewhere, not that it never began.
+    "takeover": {"type": "bool", "default": False},
 }
 
 
@@ -34,7 +41,8 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = core.validate_args(self, ARGS)
-        host = task_vars["inventory_hostname"]
+        # wait.yml follows a node that took the run over from the task's host (delegate_to).
+        host = self._task.delegate_to or task_vars["inventory_hostname"]
         started = time.monotonic()
         last_progress = started
         while True:
@@ -56,6 +64,11 @@ class ActionModule(ActionBase):
                 return dict(result, failed=True, msg=f"could not read run {args['run_id']} on {host}: {state.get('msg')}")
             run = state.get("run") or {}
             job = run.get("job_state")
+            if job and not attempts.speaks_for_run(job):
+                # A master that the run left (restarts): wait.yml follows the next node.
+                result.update(changed=False, outcome="moved", state=job["state"], abort=job.get("abort"), job=job,
+                              moved_to=job.get(attempts.MOVED_TO))
+                return result
             if job and job["state"] != vocab.RunState.RUNNING:
                 result.update(changed=False, outcome="finished", state=job["state"], abort=job.get("abort"), job=job)
                 return result
@@ -65,6 +78,9 @@ class ActionModule(ActionBase):
                                      "reason": f"the guard hosting the run's store on {host} is gone ({vocab.JOB} not "
                                                f"updated for {run['job_age_s']:g}s): it was killed, or its unit "
                                                "removed (torchfleet down)"})
+                return result
+            if not job and time.monotonic() - started > args["start_timeout"] and args["takeover"]:
+                result.update(changed=False, outcome="absent", state=None, abort=None)
                 return result
             if not job and time.monotonic() - started > args["start_timeout"]:
                 # Not a rank's failure: nothing of the run got going (a start cut short, a
@@ -84,7 +100,10 @@ def progress_line(run, elapsed):
     job = run.get("job_state") or {}
     ages = [u["heartbeat_age_s"] for u in job.get("units", []) if u.get("heartbeat_age_s") is not None]
     logs = run.get("logs") or {}
-    name = vocab.rank_log(0) if vocab.rank_log(0) in logs else next(iter(sorted(logs)), None)
+    main = sorted(n for n in logs if not attempts.is_attempt_log(n))
+    name = vocab.rank_log(0) if vocab.rank_log(0) in logs else next(iter(main), None)
     last = (logs.get(name) or [""])[-1][-110:] if name else ""
     beat = f", oldest heartbeat {max(ages):.1f}s" if ages else ""
-    return f"  [{int(elapsed)}s] run {run.get('run_id')} {job.get('state', 'starting')}{beat}; {name or ''}: {last}"
+    attempt = attempts.running_words(job)
+    return (f"  [{int(elapsed)}s] run {run.get('run_id')} {job.get('state', 'starting')}"
+            f"{f' ({attempt})' if attempt else ''}{beat}; {name or ''}: {last}")

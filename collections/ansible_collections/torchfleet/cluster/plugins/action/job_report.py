@@ -52,6 +52,8 @@ class ActionModule(ActionBase):
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)
         display.display("\n".join([f"torchfleet run {args['run_id']}  ({path})", *table]))
+        if summary["ok"] and report.result_line(summary):
+            display.display(report.result_line(summary))
         stopped_as_asked = args["stop_asked"] and (abort or {}).get("kind") == vocab.AbortKind.STOPPED.value
         if not summary["ok"] and not stopped_as_asked:
             # Keep the failure short: the message, and where the rest is.

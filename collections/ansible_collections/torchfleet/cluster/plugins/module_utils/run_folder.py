@@ -17,6 +17,10 @@ from ansible_collections.torchfleet.cluster.plugins.module_utils import run_voca
 from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
 
 
+# job.json's keys of a run with restarts that a status shows (docs/recovery.md#the-record).
+RECORD_ATTEMPT_KEYS = ("attempt", "max_attempts", "restarting", "attempts")
+
+
 class PrepareError(Exception):
     """A run folder that cannot be made as asked (its message says why)."""
 
@@ -58,6 +62,9 @@ def read_run(run_dir, tail_lines=0, with_spec=False, with_record=False):
     info["state"] = vocab.summarize(info)
     if with_record:
         info["record"] = vocab.run_record(config, info["job_state"], info["job_age_s"])
+        if info["record"] is not None:
+            # With restarts: which attempt runs, and why each earlier one ended.
+            info["record"].update({k: info["job_state"][k] for k in RECORD_ATTEMPT_KEYS if k in info["job_state"]})
     if with_spec:
         info["spec"] = _json(os.path.join(run_dir, vocab.SPEC))
     if tail_lines:

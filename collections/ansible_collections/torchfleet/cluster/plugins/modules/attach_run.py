@@ -13,6 +13,8 @@ description:
   - Each call of M(torchfleet.cluster.run_state) waits on the master until the run ends or
     the next progress line is due, reading C(job.json) there every I(poll_interval) seconds,
     so one module run per progress line instead of one per poll.
+  - With restarts, a master that is lost or that the run left (C(moved_to)) ends this follow;
+    the launch role then follows the next node in node order with I(takeover).
 author: torchfleet developers (!UNKNOWN)
 notes:
   - An action plugin; it runs M(torchfleet.cluster.run_state) on the task's host, the master.
@@ -41,6 +43,13 @@ options:
     description: Seconds after which a C(job.json) not rewritten means its guard is gone.
     type: float
     default: 20
+  takeover:
+    description:
+      - The task's node is followed because the master was lost or moved (C(launch_max_restarts)); the
+        launch role's wait.yml delegates to each node in node order. A C(job.json) that does not appear
+        within I(start_timeout) gives the outcome C(absent) (the run went on elsewhere), not C(not_started).
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -55,7 +64,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 outcome:
-  description: C(finished) when the run ended (or is known lost), C(master_lost) when the master stopped answering.
+  description:
+    - C(finished) when the run ended (or is known lost), C(master_lost) when the master stopped answering.
+    - C(moved) when the node's C(job.json) says the run moved to another master (C(moved_to), with restarts).
+    - C(absent), with I(takeover) only, when the node never wrote C(job.json) within I(start_timeout).
   returned: success
   type: str
   sample: finished

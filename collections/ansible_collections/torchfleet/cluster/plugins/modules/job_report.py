@@ -10,6 +10,9 @@ description:
   - Writes the run's C(summary.json) (and a loss plot where the logs hold losses) into
     I(run_dir), prints the per-rank table, and fails when the run did, naming the rank
     that failed first and why, with C(torchfleet_error).
+  - With restarts (C(launch_max_restarts)), C(summary.json) holds every attempt (C(attempts), from
+    C(job.json), each with the step its rank 0 resumed from), a failure names every attempt's cause,
+    and a run that succeeded after a restart says in which attempt.
 author: torchfleet developers (!UNKNOWN)
 notes:
   - An action plugin; it runs on the controller and needs the torchfleet package in the Python that runs Ansible.
