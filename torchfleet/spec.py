@@ -187,9 +187,9 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
                    "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u), "attempt": u.attempt}
                   for u in units],
-        "restart": {"max_restarts": settings["max_restarts"],
-                    "min_nodes": settings["min_nodes"] or len(order), "backoff": settings["restart_backoff"],
-                    "rejoin_timeout": settings["rejoin_timeout"], "checkpoint_shared": settings["checkpoint_shared"]},
+        "max_restarts": settings["max_restarts"], "min_nodes": settings["min_nodes"] or len(order),
+        "restart_backoff": settings["restart_backoff"], "rejoin_timeout": settings["rejoin_timeout"],
+        "checkpoint_shared": settings["checkpoint_shared"],
         "nodes": order, "master_port": int(table["master_port"]),
         "store_candidates": [{"node": n["host"], "host": n["address"], "port": settings["port"], "unit": firsts[n["host"]]}
                              for n in order],

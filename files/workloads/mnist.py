@@ -8,8 +8,8 @@ the standard library, so the script also runs in stock PyTorch images. Each rank
 its loss per step as TensorBoard events in OUT_DIR/tensorboard/rank-N, also with the
 standard library.
 
-With a checkpoint folder (--checkpoint-dir, or TORCHFLEET_CHECKPOINT_DIR), rank 0 saves the
-model, the optimizer, the position in the data and the RNG state every --checkpoint-every
+With a checkpoint folder (--checkpoint-dir, or TORCHFLEET_CHECKPOINT_DIR), each node's first
+rank (LOCAL_RANK 0) saves the model, the optimizer, the position in the data and the RNG state every --checkpoint-every
 steps, and every rank resumes from the newest complete checkpoint at start.
 """
 
@@ -212,8 +212,11 @@ def complete_checkpoints(names):
 
 def stale_files(names, keep, own_temp):
     """What a writer removes after a save: complete checkpoints beyond the newest ``keep``, and
-    temp files other than its own (only rank 0 writes, so another temp file is a dead writer's)."""
-    temps = [name for name in names if TEMP_RE.match(name) and name != own_temp]
+    its own node's temp files other than its own (one rank per node writes, so another of the
+    node's is a dead writer's; a folder the nodes share holds the others' writes in progress)."""
+    node = own_temp[:own_temp.rindex("-") + 1]
+    node = node[node.index(".tmp-"):]
+    temps = [name for name in names if TEMP_RE.match(name) and node in name and name != own_temp]
     return complete_checkpoints(names)[keep:] + sorted(temps)
 
 
@@ -427,8 +430,10 @@ def main(argv=None):
                 log.info("Train Epoch: %d [%d/%d (%.0f%%)]\tloss=%.4f",
                          epoch, batch_idx, len(loader), 100.0 * batch_idx / len(loader), loss.item())
             step += 1
-            # DDP keeps the replicas, and the ranks' RNG draws, equal: rank 0's state is every rank's.
-            if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0 and rank == 0:
+            # DDP keeps the replicas, and the ranks' RNG draws, equal: rank 0's state is every
+            # rank's. Each node's first rank saves it, so that a node that survives the master's
+            # loss holds the newest checkpoint too.
+            if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0 and local_rank == 0:
                 saved = save_checkpoint(args.checkpoint_dir, step, {
                     "step": step, "epoch": epoch, "batch": batch_idx + 1,
                     "world_size": world_size, "batch_size": args.batch_size,

@@ -48,8 +48,8 @@ def config(port, run_dirs, max_restarts, min_nodes=0):
             "store": {"host": "127.0.0.1", "port": port, "node": "node-1"},
             "node_timeout": 2.0, "stall_timeout": 0, "job_timeout": 0, "poll_interval": 0.2, "stop_grace": 1.0,
             "start_timeout": 10.0, "stop_wait": 8.0, "peer_error": None, "units": units,
-            "restart": {"max_restarts": max_restarts, "min_nodes": min_nodes or len(NODES), "backoff": 0.5,
-                        "rejoin_timeout": 1.0, "checkpoint_shared": False},
+            "max_restarts": max_restarts, "min_nodes": min_nodes or len(NODES), "restart_backoff": 0.5,
+            "rejoin_timeout": 1.0, "checkpoint_shared": False,
             "nodes": nodes, "master_port": 29500,
             "store_candidates": [{"node": n["host"], "host": n["address"], "port": port, "unit": i}
                                  for i, n in enumerate(nodes)]}

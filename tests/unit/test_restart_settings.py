@@ -133,7 +133,7 @@ def test_the_guards_get_min_nodes_as_a_count():
     for given, count in ((0, 3), (2, 2)):
         result = launch(guard={"max_restarts": 1, "min_nodes": given})
         assert not result.get("failed"), result.get("msg")
-        assert result["spec"]["guard"]["restart"]["min_nodes"] == count
+        assert result["spec"]["guard"]["min_nodes"] == count
 
 
 # --- modes that cannot restart -----------------------------------------------------------------

@@ -115,12 +115,10 @@ class Guard:
         # Restarts: the attempt this guard is in (1 is the launch's), the units that take part
         # in it, and the run's table of attempts (the host's; every other guard's copy is the
         # one the last plan carried).
-        restart = config.get("restart") or {}
-        self.max_restarts = int(restart.get("max_restarts") or 0)
-        self.min_nodes = int(restart.get("min_nodes") or 0)
-        self.backoff = float(restart.get("backoff") or 0)
-        self.rejoin_timeout = float(restart.get("rejoin_timeout") or 0)
-        self.checkpoints = restart.get("checkpoint_sync")
+        self.max_restarts = int(config.get("max_restarts") or 0)
+        self.min_nodes = int(config.get("min_nodes") or 0)
+        self.backoff = float(config.get("restart_backoff") or 0)
+        self.rejoin_timeout = float(config.get("rejoin_timeout") or 0)
         self.candidates = config.get("store_candidates") or [dict(config.get("store") or {}, unit=config["store_unit"])]
         self.gen = 0  # which of the candidates hosts the store now
         self.attempt = 1
@@ -536,7 +534,7 @@ class Guard:
         (guard_sync): the node's first unit of the attempt copies, the others wait for it. Not
         where the nodes share the folder (launch_checkpoint_shared)."""
         folder = os.environ.get("TORCHFLEET_CHECKPOINT_DIR")
-        if not folder or (self.config.get("restart") or {}).get("checkpoint_shared"):
+        if not folder or self.config.get("checkpoint_shared"):
             return
         host = self.unit["host"]
         first = min(i for i in self.members if self.units[i]["host"] == host)
