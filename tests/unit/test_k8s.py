@@ -254,6 +254,7 @@ def test_secrets_without_a_secret_name_are_refused():
     (dict(launch_extra_volumes=["/srv/cache:/cache"]), "launch_extra_volumes"),
     (dict(launch_oom_kill_disable=True), "launch_oom_kill_disable"),
     (dict(guard={"stall_timeout": 60}), "launch_stall_timeout"),
+    (dict(guard={"max_restarts": 2}), "launch_max_restarts"),
     (dict(image="torchfleet/train:2.13.0-cpu"), "torchfleet_image"),
     (dict(launch_extra_env={"PET_NNODES": "4"}), "launch_extra_env"),
 ], ids=lambda v: v if isinstance(v, str) else None)

@@ -181,6 +181,10 @@ def _refuse_options(plan: Mapping[str, Any], ranks: list[Mapping[str, Any]],
         variable = "launch_torchrun_runtime" if mode == "torchrun" else "launch_mode"
         refused.append((variable, f"{variable}=process runs ranks in the node's own Python (launch_python), which "
                                   "a pod does not have; render a container launch"))
+    if int((plan.get("guard") or {}).get("max_restarts") or 0):
+        refused.append(("launch_max_restarts", "launch_max_restarts restarts a run through torchfleet's guards on "
+                                               "the hosts; in Kubernetes the training operator restarts the pods "
+                                               "(restartPolicy, runPolicy.backoffLimit), so render launch_max_restarts: 0"))
     if plan.get("transport") == "wireguard":
         refused.append(("launch_transport", "launch_transport=wireguard carries Gloo over torchfleet's WireGuard "
                                             "overlay between the hosts; a pod uses the cluster's network (its CNI), "
