@@ -58,7 +58,7 @@ def config(port, run_dirs, max_restarts, min_nodes=0):
 class Cluster:
     """Three guards, each in its node's own run folder, started together."""
 
-    def __init__(self, tmp_path, max_restarts, min_nodes=0, crash=(-9, 0), seconds=4.0):
+    def __init__(self, tmp_path, max_restarts, min_nodes=0, crash=(-9, 0), seconds=4.0, wrapped=False):
         self.dirs = []
         port = None
         for i in range(len(NODES)):
@@ -72,8 +72,10 @@ class Cluster:
         self.procs = []
         for i, folder in enumerate(self.dirs):
             (folder / run_vocab.GUARD_CONFIG).write_text(json.dumps(cfg))
+            # Wrapped in a shell, the unit is started (Popen) instead of forked from its guard.
+            wrapper = ["sh", "-c", 'exec "$0" "$@"'] if wrapped else []
             argv = [sys.executable, str(folder / run_vocab.GUARD_SOURCE), str(folder / run_vocab.GUARD_CONFIG), str(i),
-                    "--", sys.executable, str(script), str(crash[0]), str(crash[1]), str(seconds)]
+                    "--", *wrapper, sys.executable, str(script), str(crash[0]), str(crash[1]), str(seconds)]
             # As the launch starts a unit: the first attempt's numbers in its environment.
             env = dict(os.environ, RANK=str(i), WORLD_SIZE=str(len(NODES)), MASTER_ADDR="127.0.0.1",
                        TORCHFLEET_RESTART_COUNT="0")
@@ -135,8 +137,9 @@ def wait_for(predicate, timeout=30):
     raise AssertionError("timed out")
 
 
-def test_a_crash_restarts_every_rank_on_the_same_nodes(cluster):
-    c = cluster(1, crash=(1, 1), seconds=1.5)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["forked", "started"])
+def test_a_crash_restarts_every_rank_on_the_same_nodes(cluster, wrapped):
+    c = cluster(1, crash=(1, 1), seconds=1.5, wrapped=wrapped)
     assert c.wait() == [0, 0, 0], [p.stderr.read()[-2000:] for p in c.procs]
     job = c.job(0)
     assert job["state"] == "succeeded" and job["attempt"] == 2 and job["max_attempts"] == 2
