@@ -135,6 +135,8 @@ class Guard:
         # Set once this guard itself stood still (its node paused) for a node timeout: the
         # store's silence is then its own, and it never takes a lost master's place.
         self.stood_still = False
+        # The host's: the longest it stood still (see _taken_over).
+        self.stood_still_s = 0.0
         if self.max_restarts:
             # Every guard keeps the table: the one that takes a lost master's place goes on with it.
             self.state["attempt"] = 1
@@ -336,6 +338,7 @@ class Guard:
                 # The host itself stood still (paused, starved): the others' silence may be its
                 # own, so they get a fresh allowance; a node that is really gone is named after it.
                 seen = {i: now for i in seen}
+                self.stood_still_s = max(self.stood_still_s, now - last_loop)
                 moved_to = self._successor() if self._restarts_left() else None
                 if moved_to:
                     abort = self.set_abort(self._moved(moved_to))
@@ -611,6 +614,10 @@ class Guard:
         found = self._successor()
         if found:
             return found
+        # Inferred only where this host stood still for as long as the others take to move
+        # on: a host merely starved for CPU, or others that are really all gone, are not that.
+        if self.stood_still_s < 2 * self.node_timeout + 5:
+            return None
         others = [c for c in self.candidates[self.gen + 1:] if c["node"] != self.unit["host"]]
         if others and len(others) >= self.min_nodes:
             return others[0]["node"]
@@ -636,10 +643,14 @@ class Guard:
     def _answering(self, abort: dict, failover: bool) -> list[str]:
         """The nodes whose every unit's guard beats: watched for the backoff (and at least
         two polls), then, while a node of the ended attempt is missing, up to the rejoin
-        timeout (after a failover, as long as a guard takes to find the new store)."""
+        timeout for one it lost, a node timeout for any other (after a failover, as long as
+        a guard takes to find the new store)."""
         started = time.monotonic()
         least = max(self.backoff, 2 * self.poll + 1)
-        most = max(least, (2 * self.node_timeout + 5) if failover else self.rejoin_timeout)
+        # A node the ended attempt lost gets the rejoin timeout to beat again; any other (slow
+        # to say it is there) as long as it would take to be judged lost.
+        lost = set(abort.get("hosts") or [abort.get("host")]) if abort.get("kind") == vocab.AbortKind.NODE_LOST else set()
+        most = (2 * self.node_timeout + 5) if failover else least + self.node_timeout
         first: dict[int, int] = {}
         moved = {self.index}
         wanted = self._nodes_of(self.members)
@@ -655,7 +666,9 @@ class Guard:
             hosts = [n["host"] for n in self.config["nodes"]
                      if all(i in moved for i in policy.node_units(self.units, n["host"]))]
             waited = time.monotonic() - started
-            if waited >= least and (set(wanted) <= set(hosts) or waited >= most):
+            missing = set(wanted) - set(hosts)
+            if waited >= least and (not missing or (missing <= lost and waited >= self.rejoin_timeout)
+                                    or waited >= most):
                 return hosts
             time.sleep(self.poll)
 
