@@ -196,7 +196,7 @@ def checksum(model):
 # Checkpoints: "checkpoint-<step>.pt", complete once renamed to that name. A writer's temp
 # file starts with a dot and never matches, so a half-written checkpoint is never loaded.
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{9,})\.pt$")
-TEMP_RE = re.compile(r"^\.checkpoint-\d{9,}\.pt\.tmp-")
+TEMP_RE = re.compile(r"^\.checkpoint-(\d{9,})\.pt\.tmp-")
 RESTART_VARIABLES = ("TORCHFLEET_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 
 
@@ -212,11 +212,11 @@ def complete_checkpoints(names):
 
 def stale_files(names, keep, own_temp):
     """What a writer removes after a save: complete checkpoints beyond the newest ``keep``, and
-    its own node's temp files other than its own (one rank per node writes, so another of the
-    node's is a dead writer's; a folder the nodes share holds the others' writes in progress)."""
-    node = own_temp[:own_temp.rindex("-") + 1]
-    node = node[node.index(".tmp-"):]
-    temps = [name for name in names if TEMP_RE.match(name) and node in name and name != own_temp]
+    temp files of earlier steps than its own. The writers (one rank per node) save the same
+    steps in step, so such a file is a dead writer's; one of the same step may be another
+    node's write in progress, in a folder the nodes share."""
+    step = int(TEMP_RE.match(own_temp)[1])
+    temps = [name for name in names if (match := TEMP_RE.match(name)) and int(match[1]) < step]
     return complete_checkpoints(names)[keep:] + sorted(temps)
 
 
@@ -393,6 +393,12 @@ def main(argv=None):
             log.info("starting from step 0: no complete checkpoint in %s%s", args.checkpoint_dir, counts)
     if distributed:
         model = DistributedDataParallel(model)
+        # DDP regroups its gradient buckets after its first backward, and with 3 ranks or more
+        # the allreduce's summation order follows the layout: a resumed run's first step would
+        # sum in another order than the uninterrupted run's step did. One backward of zero
+        # gradients, in every run, makes every training step use the regrouped buckets.
+        (model(torch.zeros(1, 1, 28, 28)).sum() * 0).backward()
+        model.zero_grad(set_to_none=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.5)
     if resume:
         optimizer.load_state_dict(resume["optimizer"])

@@ -253,9 +253,9 @@ def test_a_save_removes_older_checkpoints_and_dead_writers_temp_files(mnist):
     own = ".checkpoint-000000024.pt.tmp-node-1-7"
     names = [mnist.checkpoint_name(s) for s in (8, 16, 24, 4)] + [
         own, ".checkpoint-000000020.pt.tmp-node-2-9", "model.pt", ".hidden"]
-    # Another node's temp file (a folder the nodes share) is its write in progress: kept.
-    assert mnist.stale_files(names + [".checkpoint-000000016.pt.tmp-node-1-5"], 2, own) == [
-        "checkpoint-000000008.pt", "checkpoint-000000004.pt", ".checkpoint-000000016.pt.tmp-node-1-5"]
+    # Another node's temp file of the same step (a folder the nodes share) is its write in progress: kept.
+    assert mnist.stale_files(names + [".checkpoint-000000024.pt.tmp-node-3-5"], 2, own) == [
+        "checkpoint-000000008.pt", "checkpoint-000000004.pt", ".checkpoint-000000020.pt.tmp-node-2-9"]
     assert mnist.stale_files(names[:2], 2, own) == []
 
 
