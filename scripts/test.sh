@@ -5,6 +5,7 @@
 #   SCENARIOS="tls mpirun" ./scripts/test.sh   only those scenarios (and no cluster pytest)
 #   SCENARIOS="pytest-faults" ./scripts/test.sh  only the fault matrix (pytest-cluster: only the
 #                                               API and CLI tests; pytest: both, on one cluster)
+#   SCENARIOS="pytest-recovery" ./scripts/test.sh  only the restarts' cases, on three hosts of their own
 #   LANES=1 ./scripts/test.sh          the cluster stages one after another (LANES=3: in three)
 # The cluster stages wait on docker, on training and on timeouts, so by default they run in
 # two lanes at once (in three, the two cores were shared so thinly that the default scenario
@@ -49,6 +50,8 @@ lane() {
       pytest) stage "pytest cluster+faults" pytest -q -ra --durations=0 -m "cluster or faults" tests ;;
       pytest-cluster) stage "pytest cluster" pytest -q -ra --durations=8 -m cluster tests ;;
       pytest-faults) stage "pytest faults" pytest -q -ra --durations=0 -m faults tests ;;
+      # Runs that restart, on three docker hosts of their own (tests/recovery/conftest.py).
+      pytest-recovery) stage "pytest recovery" pytest -q -ra --durations=0 -m recovery tests ;;
       *) stage "molecule $item" molecule test --scenario-name "$item" ;;
     esac
   done
@@ -60,7 +63,7 @@ checks() {
   stage "ansible-lint" ansible-lint
   # Before the unit tests, whose validate-modules test reuses the sanity venvs it makes.
   stage "ansible-test sanity" ./scripts/sanity.sh
-  stage "pytest unit" pytest -q -ra -m "not cluster and not faults" tests
+  stage "pytest unit" pytest -q -ra -m "not cluster and not faults and not recovery" tests
 }
 
 pids=()
@@ -83,13 +86,14 @@ else
   if [ -n "${SCENARIOS:-}" ]; then
     plan=$SCENARIOS
   elif [ "$lanes" -ge 3 ]; then
-    plan=$'mpirun tls image-pull\ndefault bare-metal slurm\npytest overlay'
+    plan=$'mpirun tls image-pull pytest-recovery\ndefault bare-metal slurm\npytest overlay'
   elif [ "$lanes" -ge 2 ]; then
     # slurm: 6m23s on its own under a load of about 9 (its largest task: the apt install of
-    # Slurm and munge, 34 s), in the lane that ends first (the other decides the total).
-    plan=$'default bare-metal tls overlay slurm\nmpirun pytest image-pull'
+    # Slurm and munge, 34 s), in the lane that ended first. pytest-recovery (6m alone, about
+    # 10m beside other work) now ends that lane, and tls moved to the other to keep them even.
+    plan=$'default bare-metal overlay slurm pytest-recovery\nmpirun pytest image-pull tls'
   else
-    plan="default image-pull tls mpirun bare-metal overlay slurm pytest"
+    plan="default image-pull tls mpirun bare-metal overlay slurm pytest pytest-recovery"
   fi
   while read -r -a items; do
     lane "${items[@]}" </dev/null &

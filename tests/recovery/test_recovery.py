@@ -1,0 +1,206 @@
+"""Runs that recover (issue 40): a crashed rank, a lost worker, a lost master, a crash loop,
+and a crash with no controller attached, each with the bundled workload checkpointing.
+
+Each case asserts the outcome; the attempts the run recorded, with their causes; what the
+ranks themselves logged in each attempt (where they resumed, the world size they joined,
+the restart count they saw); and that no rank container is left on any node (on a node
+that was frozen, then thawed: none left running, as in the fault matrix).
+"""
+
+import os
+import signal
+import time
+from datetime import datetime
+
+import pytest
+
+from .conftest import NODE_TIMEOUT, NODES, RUNS, finish
+
+# Detection, the attempt's end and the next one's start, on two busy cores.
+MARGIN = 60
+# 3 ranks: 40 steps an epoch (tests/recovery/conftest.py).
+CRASHED = ["--epoch", "2", "--checkpoint-every", "10"]
+CRASH_STEP = 25
+# Long enough that a node is frozen well before the end, at any speed of the shared cores.
+LONG = ["--epoch", "8", "--checkpoint-every", "20"]
+
+
+@pytest.fixture(autouse=True)
+def clean_start(recovery):
+    """A case that failed may leave ranks behind; the next one starts on clean nodes."""
+    if any(recovery.ranks(node, running_only=True) for node in NODES):
+        recovery.cli("down")
+    yield
+
+
+@pytest.fixture(scope="module")
+def reference(recovery):
+    """The crash case's run without the crash: same seed, settings and nodes, restarts on."""
+    code, out = finish(recovery.launch("reference", 1, CRASHED))
+    assert code == 0, out
+    ran = recovery.ran("reference")
+    # One attempt: restarts on and no fault change nothing.
+    assert {row["attempt"] for row in ran} == {1} and len(recovery.summary("reference")["attempts"]) == 1
+    return (recovery.runs_dir / "reference" / "checksum-rank-0.txt").read_text()
+
+
+def newest_saved(rows, nodes=NODES):
+    """The newest checkpoint that a rank on ``nodes`` logged as saved in these rows: each
+    node's first rank saves on its own node."""
+    return max(step for row in rows if row["node"] in nodes for step in row["saved"])
+
+
+def in_attempt(rows, number):
+    return [row for row in rows if row["attempt"] == number]
+
+
+def seconds(stamp):
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_crashed_rank_resumes_from_its_last_checkpoint_and_ends_as_an_uninterrupted_run(recovery, reference):
+    r = recovery
+    code, out = finish(r.launch("crash", 1, [*CRASHED, "--crash-rank", "1", "--crash-at-step", str(CRASH_STEP)]))
+    assert code == 0, out
+    attempts = r.summary("crash")["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    cause = attempts[0]["cause"]
+    assert cause["kind"] == "rank_failed" and cause["host"] == "node-2", cause
+    assert "rank 1" in cause["reason"] and "code 137" in cause["reason"], cause
+    assert attempts[1]["cause"] is None and attempts[1]["nodes"] == list(NODES)
+
+    ran = r.ran("crash")
+    first, second = in_attempt(ran, 1), in_attempt(ran, 2)
+    # Rank 1 on node-2 killed itself, in the first attempt only.
+    assert [(row["node"], row["rank"], row["crashed"]) for row in ran if row["crashed"]] == [
+        ("node-2", 1, [CRASH_STEP])]
+    saved = newest_saved(first)
+    assert 0 < saved <= CRASH_STEP
+    # Every rank, on the same nodes, resumed from that checkpoint in the second attempt, knowing it was one.
+    assert sorted((row["node"], row["rank"], row["world_size"], row["resumed"], row["restart_count"])
+                  for row in second) == [(node, rank, 3, saved, 1) for rank, node in enumerate(NODES)]
+    assert attempts[1]["resumed_from"] == saved
+    # It trained from the step after the checkpoint to the end (80 steps), and none twice.
+    trained = [step for _, step in next(row for row in second if row["rank"] == 0)["trained"]]
+    assert trained == list(range(saved + 1, 81))
+    # Each attempt's lines are also kept apart.
+    assert "resumed from step" in r.node("node-2", f"cat {RUNS}/crash/rank-1.attempt-2.log")
+    assert (r.runs_dir / "crash" / "checksum-rank-0.txt").read_text() == reference
+    r.assert_nothing_left()
+
+
+def test_a_frozen_worker_is_left_out_and_the_run_completes_on_two_nodes(recovery):
+    r = recovery
+    launch = r.launch("worker-lost", 1, LONG, "-e", "launch_min_nodes=2")
+    r.wait_saved("worker-lost", launch)
+    inner = r.freeze("node-3")
+    try:
+        code, out = finish(launch)
+    finally:
+        r.thaw("node-3", inner)
+    assert code == 0, out
+    attempts = r.summary("worker-lost")["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == "node-3", attempts[0]
+    assert attempts[1]["nodes"] == ["node-1", "node-2"] and attempts[1]["world_size"] == 2
+
+    # Back again, node-3's guard finds the run gone on without it, and its rank ends.
+    r.wait_no_running_ranks("node-3", NODE_TIMEOUT + MARGIN)
+    ran = r.ran("worker-lost")
+    first, second = in_attempt(ran, 1), in_attempt(ran, 2)
+    assert sorted((row["node"], row["world_size"]) for row in first) == [(node, 3) for node in NODES]
+    # Renumbered in node order, in a world of 2, from the newest checkpoint the two had.
+    saved = newest_saved(first, ("node-1", "node-2"))
+    assert sorted((row["node"], row["rank"], row["world_size"], row["resumed"], row["restart_count"])
+                  for row in second) == [("node-1", 0, 2, saved, 1), ("node-2", 1, 2, saved, 1)]
+    assert all("world size 3 -> 2" in row["text"] for row in second)
+    assert attempts[1]["resumed_from"] == saved
+    guards = r.node("node-3", f"cat {RUNS}/worker-lost/guard-*.json", check=False)
+    assert '"left_out"' in guards, guards
+    r.assert_nothing_left(("node-1", "node-2"))
+
+
+def test_a_frozen_master_hands_the_run_to_the_next_node(recovery):
+    r = recovery
+    launch = r.launch("master-lost", 1, LONG, "-e", "launch_min_nodes=2")
+    r.wait_saved("master-lost", launch)
+    inner = r.freeze("node-1")
+    try:
+        code, out = finish(launch)
+    finally:
+        r.thaw("node-1", inner)
+    assert code == 0, out
+    attempts = r.summary("master-lost")["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == "node-1", attempts[0]
+    assert attempts[0]["master"] == "node-1" and attempts[1]["master"] == "node-2"
+    assert attempts[1]["nodes"] == ["node-2", "node-3"]
+
+    # The old master, back, finds it was replaced: it ends its rank and says where the run went.
+    r.wait_no_running_ranks("node-1", NODE_TIMEOUT + MARGIN)
+    assert r.node_json("node-1", "master-lost", "job.json")["moved_to"] == "node-2"
+    assert r.node_json("node-2", "master-lost", "job.json")["master"] == "node-2"
+    ran = r.ran("master-lost")
+    first, second = in_attempt(ran, 1), in_attempt(ran, 2)
+    # Rank 0 on node-2 hosted the new rendezvous: rank 1 on node-3 joined it in a world of 2.
+    assert sorted((row["node"], row["rank"], row["world_size"], row["restart_count"]) for row in second) == [
+        ("node-2", 0, 2, 1), ("node-3", 1, 2, 1)]
+    assert all("world size 3 -> 2" in row["text"] for row in second)
+    assert all("Joined the process group of 2 ranks" in row["text"] for row in second)
+    # Both went on from the newest checkpoint the two had saved themselves, not from the start.
+    saved = newest_saved(first, ("node-2", "node-3"))
+    assert {row["resumed"] for row in second} == {saved}
+    assert attempts[1]["resumed_from"] == saved
+    r.assert_nothing_left(("node-2", "node-3"))
+
+
+def test_a_crash_loop_ends_early_and_names_every_attempt(recovery):
+    r = recovery
+    code, out = finish(r.launch("crash-loop", 3, [*CRASHED, "--crash-rank", "1", "--crash-at-step", "2",
+                                                   "--crash-on-attempt", "-1"]))
+    assert code == 1, out
+    message = out["error"]["message"]
+    attempts = r.summary("crash-loop")["attempts"]
+    # Fewer than the four attempts that three restarts allow.
+    assert 2 <= len(attempts) < 4, attempts
+    assert "crash loop" in message
+    for attempt in attempts:
+        assert attempt["cause"]["kind"] == "rank_failed" and attempt["cause"]["host"] == "node-2", attempt
+        assert f"attempt {attempt['attempt']}" in message, message
+    # Rank 1 died at step 2 in every attempt, each from the start (no checkpoint before step 10).
+    ran = r.ran("crash-loop")
+    crashes = [(row["attempt"], row["restart_count"], row["crashed"]) for row in ran if row["node"] == "node-2"]
+    assert crashes == [(k, k - 1, [2]) for k in range(1, len(attempts) + 1)]
+    assert {row["resumed"] for row in ran} == {0}
+    r.assert_nothing_left()
+
+
+def test_a_crash_with_the_controller_gone_recovers_and_a_later_attach_sees_it_end(recovery):
+    r = recovery
+    launch = r.launch("detached", 1, ["--epoch", "10", "--checkpoint-every", "40", "--crash-rank", "1",
+                                      "--crash-at-step", "150"])
+    r.wait_trained("detached", launch)
+    os.killpg(launch.pid, signal.SIGKILL)
+    launch.wait()
+    killed_at = time.time()
+    # Nothing attached: the run's own record on the master says when it is over.
+    deadline = time.monotonic() + 300
+    while (r.node_json("node-1", "detached", "job.json") or {}).get("state") == "running":
+        assert time.monotonic() < deadline, "the run never ended"
+        time.sleep(2)
+    code, out = r.cli("attach", "detached")
+    assert code == 0, out
+    attempts = r.summary("detached")["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert attempts[0]["cause"]["kind"] == "rank_failed" and attempts[0]["cause"]["host"] == "node-2"
+    ran = r.ran("detached")
+    first, second = in_attempt(ran, 1), in_attempt(ran, 2)
+    (crashed,) = [row for row in first if row["crashed"]]
+    # The crash came after the controller was killed: nothing was attached when the run recovered.
+    last_step_before = seconds(crashed["trained"][-1][0])
+    assert last_step_before > killed_at, (last_step_before, killed_at)
+    saved = newest_saved(first)
+    assert sorted((row["node"], row["resumed"], row["restart_count"]) for row in second) == [
+        (node, saved, 1) for node in NODES]
+    assert all(row["trained"][-1][1] == 400 for row in second)
+    r.assert_nothing_left()
