@@ -23,9 +23,10 @@ import os, sys, time
 env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHFLEET_RESTART_COUNT")}
 print("saw " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
 attempt = int(os.environ.get("TORCHFLEET_RESTART_COUNT") or 0) + 1
-crash_rank, crash_on, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-time.sleep(0.5)
-if int(os.environ["RANK"]) == crash_rank and (crash_on == attempt or crash_on == -1):
+crash_rank, crash_on, seconds, crash_after = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+crashing = int(os.environ["RANK"]) == crash_rank and (crash_on == attempt or crash_on == -1)
+time.sleep(crash_after if crashing else 0.5)
+if crashing:
     print("crashing now", flush=True)
     os._exit(3)
 end = time.monotonic() + seconds
@@ -58,7 +59,8 @@ def config(port, run_dirs, max_restarts, min_nodes=0):
 class Cluster:
     """Three guards, each in its node's own run folder, started together."""
 
-    def __init__(self, tmp_path, max_restarts, min_nodes=0, crash=(-9, 0), seconds=4.0, wrapped=False):
+    def __init__(self, tmp_path, max_restarts, min_nodes=0, crash=(-9, 0), seconds=4.0, wrapped=False,
+                 crash_after=0.5):
         self.dirs = []
         port = None
         for i in range(len(NODES)):
@@ -75,7 +77,7 @@ class Cluster:
             # Wrapped in a shell, the unit is started (Popen) instead of forked from its guard.
             wrapper = ["sh", "-c", 'exec "$0" "$@"'] if wrapped else []
             argv = [sys.executable, str(folder / run_vocab.GUARD_SOURCE), str(folder / run_vocab.GUARD_CONFIG), str(i),
-                    "--", *wrapper, sys.executable, str(script), str(crash[0]), str(crash[1]), str(seconds)]
+                    "--", *wrapper, sys.executable, str(script), str(crash[0]), str(crash[1]), str(seconds), str(crash_after)]
             # As the launch starts a unit: the first attempt's numbers in its environment.
             env = dict(os.environ, RANK=str(i), WORLD_SIZE=str(len(NODES)), MASTER_ADDR="127.0.0.1",
                        TORCHFLEET_RESTART_COUNT="0")
@@ -158,6 +160,22 @@ def test_a_crash_restarts_every_rank_on_the_same_nodes(cluster, wrapped):
     assert c.record(1)["state"] == "exited" and c.record(1)["exit_code"] == 0
 
 
+def test_a_rank_that_finished_runs_again_when_another_fails_in_its_attempt(cluster):
+    # Ranks 0 and 2 end cleanly, then rank 1 crashes: their guards wait for the attempt's
+    # outcome, as torchelastic's exit barrier does, and every node takes part in the next.
+    c = cluster(1, crash=(1, 1), seconds=0.2, crash_after=4.0)
+    assert c.wait() == [0, 0, 0], [p.stderr.read()[-2000:] for p in c.procs]
+    job = c.job(0)
+    assert job["state"] == "succeeded", job
+    first, second = job["attempts"]
+    assert "rank 1 on node-2 exited with code 3" in first["cause"]["reason"]
+    assert second["nodes"] == NODES and second["world_size"] == 3
+    for i in (0, 2):
+        log = c.log(i)
+        assert log.count("step") >= 2 and "TORCHFLEET_RESTART_COUNT=1" in log
+        assert [a["exit_code"] for a in c.record(i)["attempts"]] == [0]
+
+
 def test_a_crash_loop_ends_before_the_restarts_run_out(cluster):
     c = cluster(5, crash=(2, -1), seconds=1.0)
     codes = c.wait()
@@ -194,7 +212,7 @@ def test_a_lost_worker_is_left_out_and_the_ranks_are_renumbered(cluster):
     assert "saw RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 TORCHFLEET_RESTART_COUNT=1" in c.log(2)
     # Back again, the lost node's guard finds the run gone on without it, and ends.
     c.procs[1].wait(30)
-    assert c.record(1)["state"] == "left_out"
+    assert c.record(1)["state"] == "left_out", c.procs[1].stderr.read()[-3000:]
 
 
 def test_too_few_nodes_left_ends_the_run(cluster):
@@ -228,7 +246,7 @@ def test_a_lost_master_hands_the_run_to_the_next_node(cluster):
     # The old master, back, finds that the run moved on, and says where.
     c.procs[0].wait(30)
     old = c.job(0)
-    assert old["state"] == "moved" and old["moved_to"] == "node-2"
+    assert old["state"] == "moved" and old["moved_to"] == "node-2", old
 
 
 def test_the_plan_renumbers_in_node_order_and_keeps_each_units_count_of_ranks():

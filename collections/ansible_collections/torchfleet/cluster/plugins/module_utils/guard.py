@@ -135,8 +135,10 @@ class Guard:
         # Set once this guard itself stood still (its node paused) for a node timeout: the
         # store's silence is then its own, and it never takes a lost master's place.
         self.stood_still = False
-        # The host's: the longest it stood still (see _taken_over).
+        # The host's: the longest it stood still (see _taken_over), and when its loop last
+        # went round (see _host_stood_still).
         self.stood_still_s = 0.0
+        self.loop_mark = time.monotonic()
         if self.max_restarts:
             # Every guard keeps the table: the one that takes a lost master's place goes on with it.
             self.state["attempt"] = 1
@@ -326,23 +328,16 @@ class Guard:
         """Supervise the current attempt until it ends: the guard's exit code, or None once
         this unit runs in (or waits for) a next attempt."""
         abort = None
-        last_loop = time.monotonic()
+        self.loop_mark = time.monotonic()
         seen: dict[int, float] = {}
         counters: dict[int, int] = {}
         exits: dict[int, int] = {}
         while True:
             self._mine()
             self.wake.clear()
-            now = time.monotonic()
-            if self.is_host and now - last_loop > self.node_timeout:
-                # The host itself stood still (paused, starved): the others' silence may be its
-                # own, so they get a fresh allowance; a node that is really gone is named after it.
-                seen = {i: now for i in seen}
-                self.stood_still_s = max(self.stood_still_s, now - last_loop)
-                moved_to = self._successor() if self._restarts_left() else None
-                if moved_to:
-                    abort = self.set_abort(self._moved(moved_to))
-            last_loop = now
+            if self.is_host:
+                abort = self._host_stood_still(seen) or abort
+            self.loop_mark = time.monotonic()
             code = self.child.poll()
             try:
                 if self.store is None:
@@ -397,8 +392,11 @@ class Guard:
                     self.state["child_exit_code"] = 0
                     self._write_state()
                 if self.store is not None:
-                    self._record_exit(0)
-                if not self.is_host:
+                    try:
+                        self._record_exit(0)
+                    except Exception:  # noqa: BLE001 - tried again next round; a lost store is judged above
+                        pass
+                if not self.is_host and self._may_leave():
                     return self.finish(0, vocab.UnitState.EXITED.value)
                 if vocab.job_state(self.units, exits, None, [], self.members) == vocab.RunState.SUCCEEDED:
                     return self.finish_host(exits, None)
@@ -408,6 +406,21 @@ class Guard:
 
     def _restarts_left(self) -> bool:
         return bool(self.max_restarts) and self.attempt <= self.max_restarts
+
+    def _may_leave(self) -> bool:
+        """Whether a guard whose unit exited cleanly may end. Where the attempt may still
+        fail and be followed by another, in which this unit runs again, the guard stays and
+        beats until the run is done (torchelastic's exit barrier); a store lost meanwhile is
+        an attempt's end like any other."""
+        if not self._restarts_left():
+            return True
+        try:
+            if self.store is not None and self.store.check([vocab.DONE]):
+                self.store.set(vocab.left_key(self.index), "1")
+                return True
+        except Exception:  # noqa: BLE001 - any store failure counts as no contact
+            pass
+        return False
 
     def end_attempt(self, abort: dict, exits: dict) -> int | None:
         """The attempt ended with ``abort``: the run's end (today's path, and the last
@@ -487,6 +500,7 @@ class Guard:
                     decision = json.loads(self.store.get(vocab.next_key(attempt)))
                     break
                 if self.index not in self.members and self.store.check([vocab.DONE]):
+                    self.store.set(vocab.left_key(self.index), "1")
                     return self.finish(self.state.get("exit_code", 0), vocab.UnitState.LEFT_OUT.value,
                                        "the run ended in an attempt without this node")
                 stop = self._stop_requested() or (
@@ -673,11 +687,24 @@ class Guard:
             time.sleep(self.poll)
 
     def _await_leaving(self) -> None:
-        """The host keeps the store up until the guards that beat have read the run's end."""
-        deadline = time.monotonic() + 2 * self.poll + 2
+        """The host keeps the store up until the guards that beat have read the run's end: a
+        guard gone silent (ended, lost) is not waited for, and none longer than a node timeout."""
+        started = time.monotonic()
         others = [i for i in range(len(self.units)) if i != self.index and not self.units[i].get("service")]
-        while time.monotonic() < deadline:
-            if all(self.store.check([vocab.left_key(i)]) for i in others):
+        counters: dict[int, int] = {}
+        beat: dict[int, float] = {}
+        while time.monotonic() - started < self.node_timeout:
+            now = time.monotonic()
+            waiting = []
+            for i in others:
+                if self.store.check([vocab.left_key(i)]):
+                    continue
+                count = self.store.add(vocab.heartbeat_key(i), 0)
+                if count != counters.get(i):
+                    counters[i], beat[i] = count, now
+                if now - beat.get(i, started) < 2 * self.poll + 1:
+                    waiting.append(i)
+            if not waiting:
                 return
             time.sleep(self.poll)
 
@@ -852,7 +879,25 @@ class Guard:
             if i not in exits and self.store.check([vocab.exit_key(i, self.attempt)]):
                 exits[i] = int(self.store.get(vocab.exit_key(i, self.attempt)))
 
+    def _host_stood_still(self, seen: dict) -> dict | None:
+        """Whether the host itself stood still (paused, starved) since the loop last went
+        round: the others' silence may then be its own, so they get a fresh allowance, and
+        where the run moved on to another master meanwhile, the abort that says so. Asked
+        again before the host judges the others, since it may stand still between the two."""
+        now = time.monotonic()
+        if now - self.loop_mark <= self.node_timeout:
+            return None
+        for i in seen:
+            seen[i] = now
+        self.stood_still_s = max(self.stood_still_s, now - self.loop_mark)
+        self.loop_mark = now
+        moved_to = self._successor() if self._restarts_left() else None
+        return self.set_abort(self._moved(moved_to)) if moved_to else None
+
     def _host_checks(self, seen: dict, counters: dict, exits: dict) -> dict | None:
+        stood = self._host_stood_still(seen)
+        if stood:
+            return stood
         now = time.monotonic()
         self._read_exits(exits)
         for i in sorted(self.members):
@@ -937,6 +982,8 @@ class Guard:
             time.sleep(self.poll)
         self._close_attempt(None, vocab.RunState.SUCCEEDED.value)
         self._write_job(vocab.job_state(self.units, exits, abort, [], self.members), abort, exits, {})
+        if self._restarts_left():
+            self._await_leaving()
         return self.finish(0, vocab.UnitState.EXITED.value)
 
     def finish(self, code: int, state: str, why: str | None = None, abort: dict | None = None) -> int:
