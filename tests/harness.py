@@ -3,10 +3,13 @@ subnet, apart from every molecule scenario's, so the suite's lanes can run side 
 made and removed through the API, and a way into its nodes. Run the API/CLI tests and the
 fault matrix in one pytest session (test.sh's `pytest`), not as two at once."""
 
+import configparser
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,90 @@ def cli(*args, inventory_dir: Path, runs_dir: Path) -> tuple[int, dict]:
     done = subprocess.run([TORCHFLEET, *args], capture_output=True, text=True, env=env, timeout=600)
     assert done.stdout.lstrip().startswith("{"), done.stdout + done.stderr
     return done.returncode, json.loads(done.stdout)
+
+
+def ssh_args(seconds: int) -> str:
+    """ansible.cfg's ssh_args with the controller's SSH giving up on a silent node after about
+    ``seconds`` (keepalives, and connecting), as the guards do after their node timeout: the
+    defaults (15 s and 10 s) would only add waiting to every lost-node case."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "ansible.cfg")
+    args = config["ssh_connection"]["ssh_args"]
+    for option, value in (("ServerAliveInterval", 1), ("ServerAliveCountMax", seconds), ("ConnectTimeout", seconds)):
+        args, found = re.subn(rf"{option}=\d+", f"{option}={value}", args)
+        assert found == 1, f"ansible.cfg's ssh_args has no {option}"
+    return args
+
+
+def pause(command):
+    """docker pause, tried again: the cgroup freezer can fail on a busy machine ("unable to
+    freeze") and leave the container running, as bench/scale.py also found."""
+    for _ in range(10):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        time.sleep(1)
+    raise AssertionError(f"{' '.join(command)} kept failing: {done.stderr.strip()}")
+
+
+class ClusterCli:
+    """The CLI against a local cluster's inventory with the timings ``timing`` (extra vars),
+    its nodes' own engines, and the faults a test injects by hand."""
+
+    def __init__(self, name, inventory_dir, runs_dir, timing, node_timeout):
+        self.name, self.inventory_dir, self.runs_dir, self.timing = name, inventory_dir, runs_dir, timing
+        self.env = dict(os.environ, **ENV, ANSIBLE_SSH_ARGS=ssh_args(node_timeout), TORCHFLEET_RUNS_DIR=str(runs_dir))
+
+    def args(self, *more):
+        return [TORCHFLEET, *more[:1], "-q", "-i", str(self.inventory_dir), *self.timing, *more[1:]]
+
+    def cli(self, *args, timeout=600):
+        """The CLI to its end: (exit code, its JSON document)."""
+        done = subprocess.run(self.args(args[0], "--json", *args[1:]), capture_output=True, text=True, env=self.env,
+                              timeout=timeout)
+        try:
+            return done.returncode, json.loads(done.stdout)
+        except ValueError:
+            raise AssertionError(f"no JSON from {args}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+    def node(self, node, command, check=True):
+        return node_sh(self.name, node, command, check).stdout
+
+    @staticmethod
+    def still_launching(run_id, launch):
+        """Fails where the attached launch ``launch`` (a Popen) has already ended."""
+        if launch.poll() is not None:
+            out, err = launch.communicate()
+            raise AssertionError(f"the launch of {run_id} ended first, exit {launch.returncode}: "
+                                 f"{out[-2000:]}\n{err[-2000:]}")
+
+    def ranks(self, node, running_only=False):
+        """The rank containers docker shows on a node (its own engine)."""
+        flag = "" if running_only else "-a"
+        return self.node(node, f"docker ps {flag} -q --filter label=torchfleet.run").split()
+
+    def wait_no_running_ranks(self, node, timeout):
+        """Until ``node`` runs no rank container: a lost node's guard, back, ends its own."""
+        deadline = time.monotonic() + timeout
+        while self.ranks(node, running_only=True):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{node} still runs rank containers after {timeout}s: "
+                                     + self.node(node, "docker ps -a --filter label=torchfleet.run", check=False))
+            time.sleep(1)
+
+    def freeze(self, node):
+        """The whole node stands still: its rank containers (siblings in cgroup v1, so docker
+        pause of the node alone leaves them running) and then the node itself."""
+        inner = self.ranks(node, running_only=True)
+        for container in inner:
+            pause(["docker", "exec", f"{self.name}-{node}", "docker", "pause", container])
+        pause(["docker", "pause", f"{self.name}-{node}"])
+        return inner
+
+    def thaw(self, node, inner):
+        subprocess.run(["docker", "unpause", f"{self.name}-{node}"], check=True, capture_output=True)
+        if inner:
+            self.node(node, "docker unpause " + " ".join(inner), check=False)
+
+    def summary(self, run_id):
+        return json.loads((self.runs_dir / run_id / "summary.json").read_text())

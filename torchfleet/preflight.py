@@ -5,6 +5,7 @@ entry naming its variable; a plan reports them and fails on none."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from torchfleet import modes
@@ -62,6 +63,13 @@ def node_checks(host: str, reading: Mapping[str, Any], ready: bool, running: lis
                    "msg": f"job {job} is still running as run {', '.join(running)}; stop it (torchfleet stop "
                           f"{running[0] if running else ''}), or launch with --replace (launch_replace=true), which "
                           "stops it first and keeps its logs"})
+    # The controller refuses an id its own runs folder holds; a node may hold one that another
+    # controller launched, or whose record here was removed: its state files would mix.
+    taken_run = reading.get("run_taken")
+    if taken_run:
+        checks.append({"that": planning, "kind": "node", "variable": "launch_run_id",
+                       "msg": f"launch_run_id {os.path.basename(taken_run)} is taken: {taken_run} exists on the node, "
+                              "from an earlier run; choose another, or leave launch_run_id empty"})
     # Every node reports its ports; only the master's are the rendezvous's and the guards'.
     skip_ports = planning or replace or bool(running)
     taken = reading.get("listening") or [] if host == table["master_host"] else []

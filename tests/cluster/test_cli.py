@@ -179,6 +179,22 @@ def test_a_bad_run_id_touches_no_node(provisioned, inventory_dir, runs_dir):
     assert node_sh("node-1", "ls /var/lib/torchfleet | grep -cx x || true").strip() == "0"
 
 
+def test_a_run_id_that_a_node_holds_is_refused_before_any_rank_starts(provisioned, inventory_dir, runs_dir):
+    """A run id this controller has no record of, but a node holds (another controller's
+    run, or a runs folder removed here): its stop file or records would be the new run's."""
+    node_sh("node-2", "mkdir -p /var/lib/torchfleet/runs/held-elsewhere && touch /var/lib/torchfleet/runs/held-elsewhere/stop")
+    try:
+        code, out = cli("launch", "-i", str(inventory_dir), "--json", "--run-id", "held-elsewhere",
+                        inventory_dir=inventory_dir, runs_dir=runs_dir)
+        assert code == 3 and out["error"]["host"] == "node-2", out
+        assert "launch_run_id held-elsewhere is taken: /var/lib/torchfleet/runs/held-elsewhere exists on the node" \
+            in out["error"]["message"]
+        assert node_sh("node-1", "ls /var/lib/torchfleet/runs | grep -cx held-elsewhere || true").strip() == "0"
+        assert node_sh("node-2", "docker ps -aq --filter label=torchfleet.run=held-elsewhere").strip() == ""
+    finally:
+        node_sh("node-2", "rm -rf /var/lib/torchfleet/runs/held-elsewhere")
+
+
 def test_lookalikes_come_before_a_failing_check_in_every_command(provisioned, inventory_dir, runs_dir, tmp_path):
     """Issue 43, finding 3: the BigDL guide's names, and names without their prefix, are warned
     about even when a later check fails (here a TLS one), in text and JSON alike."""

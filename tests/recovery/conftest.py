@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from faults.conftest import pause, ssh_args
-from harness import ENV, ROOT, TORCHFLEET, local_cluster, local_cluster_down, mark_folder, node_sh
+from harness import ENV, ROOT, ClusterCli, local_cluster, local_cluster_down, mark_folder
 
 # Apart from every molecule scenario's and the shared pytest cluster's, as molecule/README.md
 # names and addresses them, so that this stage can run in a lane beside the others.
@@ -28,7 +27,6 @@ NODE_TIMEOUT = 4
 # As the fault matrix's, plus a short wait between attempts and for a lost node to come back.
 TIMING = ["-e", f"launch_node_timeout={NODE_TIMEOUT}", "-e", "launch_stop_grace=3", "-e", "launch_poll_interval=1",
           "-e", "launch_restart_backoff=1", "-e", "launch_rejoin_timeout=2"]
-CONTROLLER_ENV = {"ANSIBLE_SSH_ARGS": ssh_args(NODE_TIMEOUT)}
 # The bundled workload on the local cluster's dataset (1920 samples): 3 ranks take 40 steps
 # an epoch, 2 ranks 60; every step is logged, so the logs say exactly where each attempt was.
 MNIST = ["--batch-size", "16", "--seed", "42", "--log-interval", "1"]
@@ -66,24 +64,11 @@ def recovery():
         local_cluster_down(NAME, inventory_dir)
 
 
-class Recovery:
+class Recovery(ClusterCli):
     """The CLI against the three hosts, the faults a test can inject, and the nodes' own files."""
 
     def __init__(self, inventory_dir, runs_dir):
-        self.inventory_dir, self.runs_dir = inventory_dir, runs_dir
-        self.env = dict(os.environ, **ENV, **CONTROLLER_ENV, TORCHFLEET_RUNS_DIR=str(runs_dir))
-
-    def args(self, *more):
-        return [TORCHFLEET, *more[:1], "-q", "-i", str(self.inventory_dir), *TIMING, *more[1:]]
-
-    def cli(self, *args, timeout=600):
-        """The CLI to its end: (exit code, its JSON document)."""
-        done = subprocess.run(self.args(args[0], "--json", *args[1:]), capture_output=True, text=True, env=self.env,
-                              timeout=timeout)
-        try:
-            return done.returncode, json.loads(done.stdout)
-        except ValueError:
-            raise AssertionError(f"no JSON from {args}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        super().__init__(NAME, inventory_dir, runs_dir, TIMING, NODE_TIMEOUT)
 
     def launch(self, run_id, restarts, workload_args, *more):
         """An attached launch of the bundled workload with ``restarts`` restarts, in the background."""
@@ -94,35 +79,15 @@ class Recovery:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), start_new_session=True)
 
-    def node(self, node, command, check=True):
-        return node_sh(NAME, node, command, check).stdout
-
-    def ranks(self, node, running_only=False):
-        """The rank containers docker shows on a node (its own engine)."""
-        flag = "" if running_only else "-a"
-        return self.node(node, f"docker ps {flag} -q --filter label=torchfleet.run").split()
-
     def assert_nothing_left(self, nodes=NODES):
         for node in nodes:
             assert self.ranks(node) == [], f"{node} kept rank containers"
-
-    def wait_no_running_ranks(self, node, timeout):
-        """Until ``node`` runs no rank container: a lost node's guard, back, ends its own."""
-        deadline = time.monotonic() + timeout
-        while self.ranks(node, running_only=True):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{node} still runs rank containers after {timeout}s: "
-                                     + self.node(node, "docker ps -a --filter label=torchfleet.run", check=False))
-            time.sleep(1)
 
     def wait_saved(self, run_id, launch, node="node-1", timeout=240):
         """Until ``node``'s rank 0 has logged a saved checkpoint: the time, and its step."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if launch.poll() is not None:
-                out, err = launch.communicate()
-                raise AssertionError(f"the launch of {run_id} ended first, exit {launch.returncode}: "
-                                     f"{out[-2000:]}\n{err[-2000:]}")
+            self.still_launching(run_id, launch)
             found = SAVED.findall(self.node(node, f"cat {RUNS}/{run_id}/rank-0.log 2>/dev/null", check=False))
             if found:
                 return time.time(), int(found[-1])
@@ -133,31 +98,12 @@ class Recovery:
         """Until every node's rank has logged a training step: the job is past its rendezvous."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if launch.poll() is not None:
-                out, err = launch.communicate()
-                raise AssertionError(f"the launch of {run_id} ended first, exit {launch.returncode}: "
-                                     f"{out[-2000:]}\n{err[-2000:]}")
+            self.still_launching(run_id, launch)
             if all(self.node(node, f"grep -l 'Train Epoch' {RUNS}/{run_id}/rank-*.log 2>/dev/null", check=False)
                    for node in nodes):
                 return
             time.sleep(0.5)
         raise AssertionError(f"run {run_id} never got going")
-
-    def freeze(self, node):
-        """The whole node stands still: its rank containers, then the node (Faults.freeze)."""
-        inner = self.ranks(node, running_only=True)
-        for container in inner:
-            pause(["docker", "exec", f"{NAME}-{node}", "docker", "pause", container])
-        pause(["docker", "pause", f"{NAME}-{node}"])
-        return inner
-
-    def thaw(self, node, inner):
-        subprocess.run(["docker", "unpause", f"{NAME}-{node}"], check=True, capture_output=True)
-        if inner:
-            self.node(node, "docker unpause " + " ".join(inner), check=False)
-
-    def summary(self, run_id):
-        return json.loads((self.runs_dir / run_id / "summary.json").read_text())
 
     def node_json(self, node, run_id, name):
         """A JSON record in the run's folder on ``node``; None where there is none."""

@@ -118,6 +118,14 @@ def test_each_node_state_failure_is_named_with_its_variable_and_kind():
     assert _checks(reading={"missing": [], "listening": [29510]})[0]["variable"] == "launch_guard_port"
 
 
+def test_a_run_id_that_a_node_already_holds_is_refused_naming_the_folder():
+    taken = {"missing": [], "listening": [], "run_taken": "/var/lib/torchfleet/runs/r7"}
+    failed = _checks(reading=taken)
+    assert [(c["variable"], c["kind"]) for c in failed] == [("launch_run_id", "node")]
+    assert failed[0]["msg"].startswith("launch_run_id r7 is taken: /var/lib/torchfleet/runs/r7 exists on the node")
+    assert _checks(reading=taken, planning=True) == []
+
+
 def test_only_the_masters_taken_ports_fail():
     # Every node's probe reads both ports; a worker's own listeners are no one's business.
     worker = {"master_port": 29500, "master_addr": "10.0.0.1", "master_host": "node-1"}

@@ -43,6 +43,9 @@ options:
   job:
     description: The job whose running runs come back as I(running_runs).
     type: str
+  run_id:
+    description: With I(run_root), a run id whose folder, where the node already holds one, comes back as I(run_taken).
+    type: str
   checksum:
     description: A file whose SHA-256 comes back as I(sha256) (null when there is none), so an unchanged one is not sent again.
     type: path
@@ -104,6 +107,10 @@ running_runs:
   returned: always
   type: list
   elements: str
+run_taken:
+  description: The folder of I(run_id) under I(run_root) where the node holds one (an earlier run's), else null.
+  returned: always
+  type: str
 sha256:
   description: I(checksum)'s SHA-256, or null.
   returned: with checksum
@@ -235,6 +242,7 @@ def main():
             "ports": {"type": "list", "elements": "int", "default": []},
             "run_root": {"type": "path"},
             "job": {"type": "str"},
+            "run_id": {"type": "str"},
             "checksum": {"type": "path"},
             "uid": {"type": "int"},
             "libraries": {"type": "list", "elements": "str", "default": []},
@@ -271,6 +279,8 @@ def main():
         rc, out, err = module.run_command([ldconfig, "-p"]) if ldconfig else (1, "", "ldconfig not found")
         result["libraries"] = loader_libraries.answer(p["libraries"], loader_libraries.parse(out),
                                                       None if rc == 0 else err.strip() or f"exit {rc}")
+    taken = os.path.join(p["run_root"], p["run_id"]) if p["run_root"] and p["run_id"] else None
+    result["run_taken"] = taken if taken and os.path.lexists(taken) else None
     result["running_runs"] = sorted({e["run"] for e in find(module, p["run_root"], True, p["job"]) if e["running"]}) \
         if p["run_root"] and p["job"] and os.path.isdir(p["run_root"]) else []
     module.exit_json(**result)
