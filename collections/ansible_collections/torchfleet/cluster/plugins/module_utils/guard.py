@@ -269,7 +269,9 @@ class Guard:
         while self.gen == gen:
             attempt = self.attempt
             try:
-                store.wait([vocab.abort_key(attempt)], timedelta(seconds=60))
+                # Long: each timeout prints a c10d warning into the unit's log, and an attempt
+                # only ends on its abort, which ends the wait.
+                store.wait([vocab.abort_key(attempt)], timedelta(days=1))
             except Exception:  # noqa: BLE001 - the wait's timeout, or the store gone: the polls decide
                 time.sleep(self.poll)
                 continue
