@@ -135,10 +135,10 @@ class Guard:
         # Set once this guard itself stood still (its node paused) for a node timeout: the
         # store's silence is then its own, and it never takes a lost master's place.
         self.stood_still = False
-        # The host's: the longest it stood still (see _taken_over), and when its loop last
-        # went round (see _host_stood_still).
-        self.stood_still_s = 0.0
+        # The host's: when its loop last went round, and how long it last stood still and
+        # when that ended (see _host_stood_still).
         self.loop_mark = time.monotonic()
+        self.still_gap, self.still_end = 0.0, 0.0
         if self.max_restarts:
             # Every guard keeps the table: the one that takes a lost master's place goes on with it.
             self.state["attempt"] = 1
@@ -627,17 +627,27 @@ class Guard:
         finds on a next node, or, where the run may already have ended there, the node that
         the others, having lost this one, make their master: the next in node order, when
         enough nodes are left for launch_min_nodes. Its job.json then speaks for the run."""
+        # Asked first: the look for a successor may take seconds.
+        back = self._back_from_standing_still()
         found = self._successor()
         if found:
             return found
         # Inferred only where this host stood still for as long as the others take to move
         # on: a host merely starved for CPU, or others that are really all gone, are not that.
-        if self.stood_still_s < 2 * self.node_timeout + 5:
+        if not back:
             return None
         others = [c for c in self.candidates[self.gen + 1:] if c["node"] != self.unit["host"]]
         if others and len(others) >= self.min_nodes:
             return others[0]["node"]
         return None
+
+    def _back_from_standing_still(self) -> bool:
+        """Whether this host has just come back from standing still for as long as the other
+        guards take to lose its store and move on: the units it now finds lost were lost to
+        its own absence. Just: within the node timeout that their fresh allowance takes to run
+        out (with as much again for a starved host), not after a stand-still long past."""
+        return (self.still_gap >= 2 * self.node_timeout + 5
+                and time.monotonic() - self.still_end <= 2 * self.node_timeout + 5)
 
     def _successor(self) -> str | None:
         """The node whose store the run moved to while this host stood still, if any (the next
@@ -886,14 +896,15 @@ class Guard:
         round: the others' silence may then be its own, so they get a fresh allowance, and
         where the run moved on to another master meanwhile, the abort that says so. Asked
         again before the host judges the others, since it may stand still between the two."""
-        now = time.monotonic()
-        if now - self.loop_mark <= self.node_timeout:
+        gap = time.monotonic() - self.loop_mark
+        if gap <= self.node_timeout:
             return None
+        moved_to = self._successor() if self._restarts_left() else None
+        # From after the look for a successor, which may take seconds.
+        now = time.monotonic()
         for i in seen:
             seen[i] = now
-        self.stood_still_s = max(self.stood_still_s, now - self.loop_mark)
-        self.loop_mark = now
-        moved_to = self._successor() if self._restarts_left() else None
+        self.still_gap, self.still_end, self.loop_mark = gap, now, now
         return self.set_abort(self._moved(moved_to)) if moved_to else None
 
     def _host_checks(self, seen: dict, counters: dict, exits: dict) -> dict | None:
@@ -912,9 +923,12 @@ class Guard:
         lost = policy.lost_units(self.units, seen, set(exits) | {self.index} | others, now, self.node_timeout,
                                  self.attempt_started, self.start_timeout)
         self._write_job(vocab.RunState.RUNNING.value, None, exits, seen)
-        if lost and self._restarts_left() and set(lost) >= self.members - set(exits) - {self.index}:
-            # Every other guard silent at once: more likely this host was the one cut off or
-            # paused, and the others went on with the next node as their master (see _taken_over).
+        all_silent = set(lost) >= self.members - set(exits) - {self.index}
+        if lost and self._restarts_left() and (all_silent or self._back_from_standing_still()):
+            # Every other guard silent at once, or this host stood still for as long as the
+            # others take to move on (a heartbeat queued before the pause may still arrive
+            # from one of them): more likely this host was the one cut off or paused, and the
+            # others went on with the next node as their master (see _taken_over).
             moved_to = self._taken_over()
             if moved_to:
                 return self.set_abort(self._moved(moved_to))
