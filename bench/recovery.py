@@ -42,6 +42,9 @@ from torchfleet import Job
 from torchfleet.idx import make_dataset
 from torchfleet.vocab import run_vocab
 
+# Run as a script, this folder is on the path: scale.py's ways into its bench nodes serve here too.
+from scale import sh, ssh_opts
+
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "torchfleet/train:2.13.0-cpu"
 PYTHON = "/opt/venv/bin/python3"
@@ -67,13 +70,6 @@ TRAINED = re.compile(STAMP + r".*\] Train Epoch: (\d+) \[(\d+)/(\d+) ", re.M)
 RESUMED = re.compile(r"\] (?:resumed from step (\d+) |starting from step (0): )")
 CRASHED = re.compile(STAMP + r".*\] crashing at step (\d+)", re.M)
 SAVED = re.compile(r"\[rank 0\] Saved checkpoint at step (\d+)")
-
-
-def sh(*args: str, check: bool = True) -> str:
-    done = subprocess.run(args, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        sys.exit(f"{' '.join(args)}: {done.stderr}")
-    return done.stdout
 
 
 def seconds(stamp: str) -> float:
@@ -164,11 +160,6 @@ class Nodes:
                 sys.exit(f"the floor's rank never trained: {out[-1000:]}")
             firsts.append(seconds(found[1]))
         return max(firsts) - t0
-
-
-def ssh_opts(keys: Path) -> list[str]:
-    return ["-i", str(keys / "id"), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
 
 
 def attempts(log: str) -> list[str]:

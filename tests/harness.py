@@ -189,3 +189,12 @@ class ClusterCli:
 
     def summary(self, run_id):
         return json.loads((self.runs_dir / run_id / "summary.json").read_text())
+
+
+def finish(process, timeout=300):
+    """An attached launch (a Popen with --json) to its end: (exit code, its JSON document)."""
+    out, err = process.communicate(timeout=timeout)
+    try:
+        return process.returncode, json.loads(out)
+    except ValueError:
+        raise AssertionError(f"exit {process.returncode}, no JSON: {out[-2000:]}\n{err[-3000:]}")

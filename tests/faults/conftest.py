@@ -9,7 +9,7 @@ import time
 import pytest
 
 import torchfleet
-from harness import NAME, ROOT, ClusterCli, mark_folder, ssh_args
+from harness import NAME, ROOT, ClusterCli, finish, mark_folder, ssh_args
 
 WORKLOAD = ROOT / "tests" / "fixtures" / "workloads" / "faults" / "faults.py"
 # Short enough to keep the matrix quick, long enough for two cores shared with the nodes.
@@ -82,14 +82,6 @@ def ended_at(guard):
     from datetime import datetime
 
     return datetime.fromisoformat(guard["ended_at"].replace("Z", "+00:00")).timestamp()
-
-
-def finish(process, timeout=300):
-    out, err = process.communicate(timeout=timeout)
-    try:
-        return process.returncode, json.loads(out)
-    except ValueError:
-        raise AssertionError(f"exit {process.returncode}, no JSON: {out[-2000:]}\n{err[-3000:]}")
 
 
 __all__ = ["Faults", "NODE_TIMEOUT", "ended_at", "finish", "signal"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import ENV, ROOT, ClusterCli, local_cluster, local_cluster_down, mark_folder
+from harness import finish as harness_finish
 
 # Apart from every molecule scenario's and the shared pytest cluster's, as molecule/README.md
 # names and addresses them, so that this stage can run in a lane beside the others.
@@ -154,9 +155,6 @@ def attempts_of(log):
     return rows
 
 
-def finish(process, timeout=420):
-    out, err = process.communicate(timeout=timeout)
-    try:
-        return process.returncode, json.loads(out)
-    except ValueError:
-        raise AssertionError(f"exit {process.returncode}, no JSON: {out[-2000:]}\n{err[-3000:]}")
+def finish(process):
+    """harness.finish, with the longer wait that a run of several attempts takes."""
+    return harness_finish(process, timeout=420)

@@ -89,19 +89,27 @@ def test_a_crashed_rank_resumes_from_its_last_checkpoint_and_ends_as_an_uninterr
     r.assert_nothing_left()
 
 
-def test_a_frozen_worker_is_left_out_and_the_run_completes_on_two_nodes(recovery):
-    r = recovery
-    launch = r.launch("worker-lost", 1, LONG, "-e", "launch_min_nodes=2")
-    r.wait_saved("worker-lost", launch)
-    inner = r.freeze("node-3")
+def completed_with_one_frozen(r, run_id, node):
+    """A long run with one restart and launch_min_nodes=2, ``node`` frozen whole once rank 0
+    has saved a checkpoint, and thawed once the launch ends: that it completed in two
+    attempts, the first lost with ``node``. The summary's attempts."""
+    launch = r.launch(run_id, 1, LONG, "-e", "launch_min_nodes=2")
+    r.wait_saved(run_id, launch)
+    inner = r.freeze(node)
     try:
         code, out = finish(launch)
     finally:
-        r.thaw("node-3", inner)
+        r.thaw(node, inner)
     assert code == 0, out
-    attempts = r.summary("worker-lost")["attempts"]
+    attempts = r.summary(run_id)["attempts"]
     assert [a["attempt"] for a in attempts] == [1, 2]
-    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == "node-3", attempts[0]
+    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == node, attempts[0]
+    return attempts
+
+
+def test_a_frozen_worker_is_left_out_and_the_run_completes_on_two_nodes(recovery):
+    r = recovery
+    attempts = completed_with_one_frozen(r, "worker-lost", "node-3")
     assert attempts[1]["nodes"] == ["node-1", "node-2"] and attempts[1]["world_size"] == 2
 
     # Back again, node-3's guard finds the run gone on without it, and its rank ends.
@@ -122,17 +130,7 @@ def test_a_frozen_worker_is_left_out_and_the_run_completes_on_two_nodes(recovery
 
 def test_a_frozen_master_hands_the_run_to_the_next_node(recovery):
     r = recovery
-    launch = r.launch("master-lost", 1, LONG, "-e", "launch_min_nodes=2")
-    r.wait_saved("master-lost", launch)
-    inner = r.freeze("node-1")
-    try:
-        code, out = finish(launch)
-    finally:
-        r.thaw("node-1", inner)
-    assert code == 0, out
-    attempts = r.summary("master-lost")["attempts"]
-    assert [a["attempt"] for a in attempts] == [1, 2]
-    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == "node-1", attempts[0]
+    attempts = completed_with_one_frozen(r, "master-lost", "node-1")
     assert attempts[0]["master"] == "node-1" and attempts[1]["master"] == "node-2"
     assert attempts[1]["nodes"] == ["node-2", "node-3"]
 
