@@ -590,7 +590,7 @@ class Guard:
             if where["node"] == lost:
                 continue
             self.gen, self.is_host = gen, where["unit"] == self.index
-            if self.connect(timeout=2 * self.node_timeout + 5):
+            if self.connect(timeout=self._move_on_s()):
                 break
         else:
             self.moving = False
@@ -641,13 +641,18 @@ class Guard:
             return others[0]["node"]
         return None
 
+    def _move_on_s(self) -> float:
+        """How long the guards take, at most, to lose a silent store (a node timeout) and to
+        find the next one (as long again, and a margin for a starved node)."""
+        return 2 * self.node_timeout + 5
+
     def _back_from_standing_still(self) -> bool:
         """Whether this host has just come back from standing still for as long as the other
         guards take to lose its store and move on: the units it now finds lost were lost to
         its own absence. Just: within the node timeout that their fresh allowance takes to run
         out (with as much again for a starved host), not after a stand-still long past."""
-        return (self.still_gap >= 2 * self.node_timeout + 5
-                and time.monotonic() - self.still_end <= 2 * self.node_timeout + 5)
+        return (self.still_gap >= self._move_on_s()
+                and time.monotonic() - self.still_end <= self._move_on_s())
 
     def _successor(self) -> str | None:
         """The node whose store the run moved to while this host stood still, if any (the next
@@ -676,7 +681,7 @@ class Guard:
         # A node the ended attempt lost gets the rejoin timeout to beat again; any other (slow
         # to say it is there) as long as it would take to be judged lost.
         lost = set(abort.get("hosts") or [abort.get("host")]) if abort.get("kind") == vocab.AbortKind.NODE_LOST else set()
-        most = (2 * self.node_timeout + 5) if failover else least + self.node_timeout
+        most = self._move_on_s() if failover else least + self.node_timeout
         first: dict[int, int] = {}
         moved = {self.index}
         wanted = self._nodes_of(self.members)
