@@ -2,9 +2,10 @@
 
 A node's ranks share one out folder, the run's folder on the node (a container sees it as
 /out), so it comes back per node. torchfleet's own files there (logs, checksums, the model,
-guard records, heartbeats, the spec) are left out: report.run_files brings back those worth
-keeping, into runs/RUN/ itself. The node lists and packs (module_utils/out_folder.py); this
-module says what is torchfleet's, puts an archive in place and words what the limit left.
+guard records, heartbeats, the spec) are left out: report.run_files names those worth
+keeping, which come back into runs/RUN/ itself, in the same archive. The node lists and
+packs (module_utils/out_folder.py); this module says what is torchfleet's, puts an archive
+in place and words what the limit left.
 """
 
 from __future__ import annotations
@@ -53,33 +54,61 @@ def own_files(spec: Mapping[str, Any], host: str) -> list[str]:
     return names + [f"{n}.tmp*" for n in names]
 
 
-def place(archive: str | Path, out_dir: str | Path) -> list[str]:
-    """Unpack a node's archive into ``out_dir`` (runs/RUN/out/HOST) whole: into a temporary
-    folder beside it, renamed over it at the end, so that a reader never sees half of it.
-    Only regular files with plain relative paths are taken (the archive comes from a node);
-    each is streamed. Returns the paths placed."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    part = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.part-", dir=out_dir.parent))
-    placed = []
+def unpack(archive: str | Path, run_dir: str | Path, wanted: Mapping[str, str],
+           out_dir: str | Path) -> tuple[list[str], list[str] | None]:
+    """Put a node's archive (run_outputs': ``run/NAME`` for its files of the run, ``out/PATH``
+    for its ranks' out folder) in place. Each ``run/NAME`` that ``wanted`` names (the node's
+    name, mapped to the name in ``run_dir``) is streamed into a temporary file beside its
+    destination and renamed over it; the out folder is unpacked into a temporary folder
+    renamed over ``out_dir`` (runs/RUN/out/HOST) at the end, where the archive holds any of
+    it. A reader never sees half a file or half a folder. Only regular files with plain
+    relative paths are taken (the archive comes from a node). Returns the names placed in
+    ``run_dir``, and the out folder's paths (None where the archive has none)."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    part: Path | None = None
+    placed, out = [], []
     try:
         with tarfile.open(archive, "r:gz") as tar:
             for member in tar:
                 name = PurePosixPath(member.name)
-                if not member.isreg() or name.is_absolute() or ".." in name.parts or not name.parts:
+                if not member.isreg() or name.is_absolute() or ".." in name.parts or len(name.parts) < 2:
                     continue
-                dest = part.joinpath(*name.parts)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(member) as src, open(dest, "wb") as fh:
-                    shutil.copyfileobj(src, fh, 1 << 20)
-                os.utime(dest, (member.mtime, member.mtime))
-                placed.append(str(name))
-        part.chmod(0o755)
-        _replace_dir(part, out_dir)
+                top, rest = name.parts[0], name.parts[1:]
+                if top == "run" and len(rest) == 1 and rest[0] in wanted:
+                    dest = run_dir / wanted[rest[0]]
+                    _write_whole(tar, member, dest)
+                    placed.append(wanted[rest[0]])
+                elif top == "out":
+                    if part is None:
+                        out_dir.parent.mkdir(parents=True, exist_ok=True)
+                        part = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.part-", dir=out_dir.parent))
+                    dest = part.joinpath(*rest)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(member) as src, open(dest, "wb") as fh:
+                        shutil.copyfileobj(src, fh, 1 << 20)
+                    os.utime(dest, (member.mtime, member.mtime))
+                    out.append(str(PurePosixPath(*rest)))
+        if part is not None:
+            part.chmod(0o755)
+            _replace_dir(part, out_dir)
     except BaseException:
-        shutil.rmtree(part, ignore_errors=True)
+        if part is not None:
+            shutil.rmtree(part, ignore_errors=True)
         raise
-    return sorted(placed)
+    return sorted(placed), (sorted(out) if part is not None else None)
+
+
+def _write_whole(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.part-", dir=dest.parent)
+    try:
+        with tar.extractfile(member) as src, os.fdopen(fd, "wb") as fh:
+            shutil.copyfileobj(src, fh, 1 << 20)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _replace_dir(new: Path, dest: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import signal
 from datetime import datetime, timezone
@@ -102,6 +103,18 @@ def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
     # Each attempt's copy of a log, beside it (the main log holds every attempt too).
     return files + [(a, b) for name, local in files if name.endswith(".log")
                     for a, b in zip(attempts.attempt_logs(name, restarts), attempts.attempt_logs(local, restarts))]
+
+
+def run_end(spec: Mapping[str, Any], node_run_dir: str) -> dict[str, Any]:
+    """What ends a run on a node before its files are collected (run_outputs' ``units`` and
+    ``remove``), from the run's own spec: its units, by what runs them (a process-runtime
+    run's units are processes, every other run's containers), each given the run's
+    ``stop_wait`` to end by itself (its guard stops it) and then its ``stop_grace``; and the
+    node's secret environment file, which only the units needed."""
+    units = {"kind": "process" if spec.get("image") is None else "container", "run_id": spec["run_id"],
+             "wait_s": spec["guard"]["stop_wait"], "grace_s": spec["guard"]["stop_grace"]}
+    remove = [posixpath.join(node_run_dir, vocab.SECRET_ENV)] if spec.get("secret_env_file") else []
+    return {"units": units, "remove": remove}
 
 
 def node_job(host: str) -> str:

@@ -79,46 +79,67 @@ def test_the_smallest_files_are_taken_first_within_the_limit():
     assert out_folder.pick(files, 10_000) == (sorted(files), [])
 
 
+def _out(paths):
+    return [(path, f"out/{path}") for path in paths]
+
+
 def test_an_archive_arrives_whole_with_every_byte(tmp_path):
-    node, out = tmp_path / "node", tmp_path / "runs" / "r1" / "out" / "node-1"
+    node, run = tmp_path / "node", tmp_path / "runs" / "r1"
+    out = run / "out" / "node-1"
+    run.mkdir(parents=True)
     blob = os.urandom(3 << 20)
-    write(node, ["metrics.json", "nested/deep/data.bin", "tensorboard/rank-0/events.out.tfevents.1.h"],
-          lambda rel: blob if rel.endswith(".bin") else rel.encode() * 100)
+    write(node, ["metrics.json", "nested/deep/data.bin", "tensorboard/rank-0/events.out.tfevents.1.h", "rank-0.log",
+                 "job.json", "model.pt"], lambda rel: blob if rel.endswith((".bin", ".pt")) else rel.encode() * 100)
     archive = tmp_path / "out.tar.gz"
     paths = ["metrics.json", "nested/deep/data.bin", "tensorboard/rank-0/events.out.tfevents.1.h", "gone.txt"]
-    assert out_folder.archive(str(node), paths, str(archive)) == paths[:3]
-    assert outputs.place(archive, out) == sorted(paths[:3])
+    members = [("rank-0.log", "run/rank-0.log"), ("job.json", "run/job.json"), ("model.pt", "run/model.pt")] + _out(paths)
+    assert out_folder.archive(str(node), members, str(archive)) == [m[1] for m in members[:6]]
+    # The master's job.json of a restarted run comes back under the node's own name.
+    wanted = {"rank-0.log": "rank-0.log", "job.json": "job-node-1.json", "model.pt": "model.pt"}
+    assert outputs.unpack(archive, run, wanted, out) == (["job-node-1.json", "model.pt", "rank-0.log"],
+                                                         sorted(paths[:3]))
     for rel in paths[:3]:
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == hashlib.sha256((node / rel).read_bytes()).hexdigest()
-    # Nothing but the folder itself is left beside it.
+    assert (run / "model.pt").read_bytes() == blob and (run / "job-node-1.json").read_bytes() == b"job.json" * 100
+    # Nothing but the files and the folder is left beside them.
+    assert sorted(os.listdir(run)) == ["job-node-1.json", "model.pt", "out", "rank-0.log"]
     assert os.listdir(out.parent) == ["node-1"]
 
 
-def test_a_second_collect_replaces_the_folder_whole(tmp_path):
+def test_a_second_collect_replaces_the_folder_whole_and_one_without_out_files_keeps_it(tmp_path):
     out = tmp_path / "out" / "node-1"
     write(out, ["old.txt"])
     node = tmp_path / "node"
-    write(node, ["new.txt"])
-    out_folder.archive(str(node), ["new.txt"], str(tmp_path / "a.tar.gz"))
-    outputs.place(tmp_path / "a.tar.gz", out)
+    write(node, ["new.txt", "rank-0.log"])
+    out_folder.archive(str(node), _out(["new.txt"]), str(tmp_path / "a.tar.gz"))
+    outputs.unpack(tmp_path / "a.tar.gz", tmp_path, {}, out)
     assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
     assert os.listdir(out.parent) == ["node-1"]
+    out_folder.archive(str(node), [("rank-0.log", "run/rank-0.log")], str(tmp_path / "b.tar.gz"))
+    assert outputs.unpack(tmp_path / "b.tar.gz", tmp_path, {"rank-0.log": "rank-0.log"}, out) == (["rank-0.log"], None)
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
 
 
-def test_an_archive_from_a_node_cannot_write_outside_its_folder_or_leave_links(tmp_path):
+def test_an_archive_from_a_node_cannot_write_outside_its_folders_or_leave_links(tmp_path):
     archive = tmp_path / "evil.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
-        for name, data in (("../escape.txt", b"x"), ("/abs.txt", b"x"), ("fine/ok.txt", b"ok")):
+        for name, data in (("out/../../escape.txt", b"x"), ("/abs.txt", b"x"), ("out/fine/ok.txt", b"ok"),
+                           ("run/../escape.txt", b"x"), ("run/sub/rank-0.log", b"x"), ("run/unasked.txt", b"x"),
+                           ("run/rank-0.log", b"log"), ("top.txt", b"x")):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("link")
-        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
-        tar.addfile(link)
-    out = tmp_path / "runs" / "out" / "node-1"
-    assert outputs.place(archive, out) == ["fine/ok.txt"]
+        for name in ("out/link", "run/model.pt"):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(link)
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    out = run / "out" / "node-1"
+    assert outputs.unpack(archive, run, {"rank-0.log": "rank-0.log", "model.pt": "model.pt"}, out) == \
+        (["rank-0.log"], ["fine/ok.txt"])
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() or p.is_symlink()) == \
-        ["evil.tar.gz", "runs/out/node-1/fine/ok.txt"]
+        ["evil.tar.gz", "runs/r1/out/node-1/fine/ok.txt", "runs/r1/rank-0.log"]
 
 
 def test_a_broken_archive_leaves_the_last_folder_and_no_partial_one(tmp_path):
@@ -126,7 +147,7 @@ def test_a_broken_archive_leaves_the_last_folder_and_no_partial_one(tmp_path):
     write(out, ["kept.txt"])
     (tmp_path / "broken.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
     with pytest.raises(tarfile.TarError):
-        outputs.place(tmp_path / "broken.tar.gz", out)
+        outputs.unpack(tmp_path / "broken.tar.gz", tmp_path, {}, out)
     assert os.listdir(out.parent) == ["node-1"] and os.listdir(out) == ["kept.txt"]
 
 

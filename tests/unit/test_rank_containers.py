@@ -1,6 +1,6 @@
 import json
 
-from ansible_collections.torchfleet.cluster.plugins.modules.rank_containers import reported_env
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_docker import reported_env
 
 
 def test_a_secret_variable_is_reported_as_its_label_shows_it():

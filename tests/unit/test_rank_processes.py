@@ -80,7 +80,7 @@ def test_stop_kills_the_whole_group_and_marks_it_stopped_by_torchfleet(tmp_path)
     _until(tmp_path, lambda f: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text())
     grandchild = int((tmp_path / "child.pid").read_text())
     (entry,) = rp.find(None, str(tmp_path))
-    rp.stop(None, entry)
+    rf.stop(None, entry)
     (entry,) = _until(tmp_path, lambda f: not f[0]["running"])
     assert entry["stopped_by_torchfleet"] and (tmp_path / "rank-0.stopped").exists()
     deadline = time.monotonic() + 5

@@ -1,17 +1,18 @@
-"""Bring a node's files of a run to the controller in one task: one module run finds which
-of them exist (torchfleet.report.run_files says which to look for) and packs the rest of
-the ranks' out folder, within launch_collect_out_max_mb, into one archive in the task's
-temporary folder (torchfleet.outputs says which files are torchfleet's own). Each file,
-then the archive, is streamed by the connection into a temporary file beside its
-destination and renamed over it; the archive is unpacked into a temporary folder that is
-renamed over runs/<run>/out/<host>. A reader of runs/<run>/ never sees half a log, half a
-model or half an out folder, and nothing large is held in memory (ansible.builtin.fetch
-reads through memory when it has to slurp)."""
+"""End a run on a node and bring its files to the controller in one task: one module run
+(run_outputs) asks the guards to stop the run where that is asked, ends its units once they
+have had the run's own wait (torchfleet.report.run_end), then packs the node's files of the
+run (torchfleet.report.run_files says which) and the rest of the ranks' out folder, within
+launch_collect_out_max_mb, into one archive (torchfleet.outputs says which files are
+torchfleet's own). An archive up to INLINE_MAX comes back in the module's result; a larger
+one is streamed by the connection into a temporary file and then deleted on the node. Each
+file is renamed into place whole, the out folder renamed over runs/<run>/out/<host>: a
+reader of runs/<run>/ never sees half a log, half a model or half an out folder."""
 
+import base64
 import os
+import shlex
 import tempfile
 
-from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -26,11 +27,18 @@ ARGS = {
     "run_dir": {"type": "path", "required": True},
     "spec": {"type": "dict", "required": True},
     "out_max_mb": {"type": "int", "default": 1024},
+    "end_units": {"type": "bool", "default": False},
+    "stop_reason": {"type": "str"},
 }
+
+# A module's result passes through the connection and JSON whole: logs and metrics fit in
+# it, a model or checkpoints come back as a file.
+INLINE_MAX = 4 << 20
 
 
 class ActionModule(ActionBase):
-    TRANSFERS_FILES = True
+    # Nothing is sent: the node's temporary folder would cost two more commands per node.
+    TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -43,40 +51,35 @@ class ActionModule(ActionBase):
         wanted = dict(report.run_files(run_spec, host))
         out_dir = os.path.join(args["run_dir"], "out", host)
         os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-        shell = self._connection._shell
-        found = self._execute_module(
-            module_name="torchfleet.cluster.run_outputs",
-            module_args={"run_dir": node_run_dir, "wanted": sorted(wanted), "own": outputs.own_files(run_spec, host),
-                         "max_bytes": args["out_max_mb"] * outputs.MB,
-                         "archive": shell.join_path(shell.tmpdir, "out.tar.gz")},
-            task_vars=task_vars)
+        module_args = {"run_dir": node_run_dir, "wanted": sorted(wanted), "own": outputs.own_files(run_spec, host),
+                       "max_bytes": args["out_max_mb"] * outputs.MB, "inline_max": INLINE_MAX}
+        if args["end_units"]:
+            module_args.update(report.run_end(run_spec, node_run_dir))
+        if args["stop_reason"] is not None:
+            module_args["stop_reason"] = args["stop_reason"]
+        found = self._execute_module(module_name="torchfleet.cluster.run_outputs", module_args=module_args,
+                                     task_vars=task_vars)
         if found.get("failed"):
-            return dict(result, failed=True, msg=f"could not read {node_run_dir}: {found.get('msg')}")
+            return dict(result, failed=True, msg=f"could not end or read {node_run_dir}: {found.get('msg')}",
+                        containers=found.get("containers") or [])
         fetched = []
-        for name in found["found"]:
-            _fetch_atomic(self._connection, os.path.join(node_run_dir, name), os.path.join(args["run_dir"], wanted[name]))
-            fetched.append(wanted[name])
-        if found["archive"]:
-            archive = os.path.join(os.path.dirname(out_dir), f".{host}.tar.gz")
-            _fetch_atomic(self._connection, found["archive"], archive)
+        if found["archive_b64"] or found["archive"]:
+            fd, local = tempfile.mkstemp(prefix=f".{host}.", suffix=".tar.gz", dir=os.path.dirname(out_dir))
             try:
-                outputs.place(archive, out_dir)
+                if found["archive_b64"]:
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(base64.b64decode(found["archive_b64"]))
+                else:
+                    os.close(fd)
+                    try:
+                        self._connection.fetch_file(found["archive"], local)
+                    finally:
+                        self._low_level_execute_command(f"rm -f {shlex.quote(found['archive'])}")
+                fetched, _out = outputs.unpack(local, args["run_dir"], wanted, out_dir)
             finally:
-                os.unlink(archive)
+                os.unlink(local)
         out = outputs.record(host, run_spec, node_run_dir, out_dir, found, args["out_max_mb"])
         if out["message"]:
             display.warning(out["message"])
-        return dict(result, changed=bool(fetched or found["archive"]), fetched=fetched, out=out)
-
-
-def _fetch_atomic(connection, src: str, dest: str) -> None:
-    fd, part = tempfile.mkstemp(prefix=".fetch-", dir=os.path.dirname(dest))
-    os.close(fd)
-    try:
-        connection.fetch_file(src, part)
-        os.chmod(part, 0o644)
-        os.replace(part, dest)
-    except (AnsibleConnectionFailure, OSError):
-        if os.path.exists(part):
-            os.unlink(part)
-        raise
+        return dict(result, changed=bool(found["changed"] or fetched or found["taken"][0]), fetched=fetched, out=out,
+                    containers=found["containers"])

@@ -3,7 +3,8 @@ which is the run's folder on the node, shared by the node's ranks).
 
 Every regular file under it except torchfleet's own top-level files; the smallest first while
 they fit under the limit, so that metrics and event files come back and only large files
-(checkpoints) can stay behind; packed into one archive that the controller fetches whole.
+(checkpoints) can stay behind; packed into one archive, with the run's own files worth
+keeping, that the controller takes whole.
 """
 
 from __future__ import annotations
@@ -48,22 +49,22 @@ def pick(files, max_bytes):
     return sorted(taken), sorted(left)
 
 
-def archive(run_dir, paths, dest):
-    """Pack ``paths`` (relative to ``run_dir``) into the gzip'd tar ``dest``, file by file
-    (never the whole in memory). A file that went away since it was listed is skipped; the
-    paths packed are returned."""
+def archive(run_dir, members, dest):
+    """Pack ``members`` ((path relative to ``run_dir``, name in the archive) pairs) into the
+    gzip'd tar ``dest``, file by file (never the whole in memory). A file that went away
+    since it was listed is skipped; the names packed are returned."""
     packed = []
     # Level 1: logs and metrics shrink several times over, and checkpoints barely at any level.
     with tarfile.open(dest, "w:gz", compresslevel=1) as tar:
-        for path in paths:
+        for path, name in members:
             try:
                 fd = os.open(os.path.join(run_dir, path), os.O_RDONLY | os.O_NOFOLLOW)
             except OSError:
                 continue
             with os.fdopen(fd, "rb") as fh:
-                info = tar.gettarinfo(arcname=path, fileobj=fh)
+                info = tar.gettarinfo(arcname=name, fileobj=fh)
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, fh)
-            packed.append(path)
+            packed.append(name)
     return packed

@@ -1,13 +1,15 @@
 """Node-side: the bare-process ranks' files under a run folder (rank_processes writes them).
 
-Shared by rank_processes, which starts and stops the ranks, and node_probe, which only
-looks for the ones that still run.
+Shared by rank_processes, which starts and stops the ranks, run_outputs, which ends a run's
+ranks before it packs what they left, and node_probe, which only looks for the ones that
+still run.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import signal
 import time
 from datetime import datetime, timezone
 
@@ -76,3 +78,45 @@ def find(module, run_dir, recurse=False, job=None):
             os.path.getmtime(exit_file) if os.path.exists(exit_file) else time.time())
         found.append(entry)
     return sorted(found, key=lambda e: (e["rank"], e["name"]))
+
+
+def stop(module, entry, signum=signal.SIGKILL):
+    """SIGTERM lets the guard stop its rank and say why; SIGKILL ends what is left."""
+    open(vocab.process_file(entry["base"], vocab.ProcessFile.STOPPED), "w").close()
+    if "unit" in entry:
+        module.run_command(["systemctl", "kill", "--signal", signal.Signals(signum).name, entry["unit"]])
+        return
+    try:
+        os.killpg(entry["pid"], signum)
+    except ProcessLookupError:
+        pass
+
+
+def end(module, run_dir, wait_s, grace_s, recurse=False, job=None):
+    """End the processes under ``run_dir``: ``wait_s`` seconds to end by themselves (their
+    guards stop them), then SIGTERM, ``grace_s`` seconds, and SIGKILL. Returns their last
+    state (one that SIGKILL ended has its code), and whether any had to be signalled."""
+    entries = find(module, run_dir, recurse, job)
+    deadline = time.monotonic() + wait_s
+    while any(e["running"] for e in entries) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        entries = find(module, run_dir, recurse, job)
+    signalled = [e for e in entries if e["running"]]
+    for e in signalled:
+        stop(module, e, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(e["running"] for e in find(module, run_dir, recurse, job)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for e in find(module, run_dir, recurse, job):
+        if e["running"]:
+            stop(module, e)
+    deadline = time.monotonic() + 10
+    while any(e["running"] for e in find(module, run_dir, recurse, job)):
+        if time.monotonic() > deadline:
+            module.fail_json(msg=f"processes under {run_dir} survived SIGKILL")
+        time.sleep(0.2)
+    finals = find(module, run_dir, recurse, job)
+    for e in finals:
+        if e["exit_code"] is None and e["stopped_by_torchfleet"]:
+            e["exit_code"] = 128 + signal.SIGKILL
+    return finals, bool(signalled)

@@ -72,6 +72,16 @@ def read_run(run_dir, tail_lines=0, with_spec=False, with_record=False):
     return info
 
 
+def ask_stop(run_dir, reason=None):
+    """Write the run's stop file, which its guards watch, where the run still runs and no
+    stop was asked yet; whether it was written."""
+    info = read_run(run_dir)
+    if info["state"] != vocab.RunState.RUNNING or info["stop_requested"]:
+        return False
+    write_whole(os.path.join(run_dir, vocab.STOP), (reason or "stopped on request (torchfleet stop)") + "\n")
+    return True
+
+
 def prune(runs_dir, runs, keep):
     finished = [r for r in runs if r["state"] != vocab.RunState.RUNNING]
     # Run ids begin with their UTC start time, so name order is age order.

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: collect_run
-short_description: Bring a node's logs, checksums, guard records, run state and model of a run to the controller
+short_description: End a run on a node, and bring its logs, checksums, guard records, run state and model to the controller
 description:
-  - One module run (M(torchfleet.cluster.run_outputs)) finds which of the node's files of
-    the run exist (torchfleet.report.run_files says which to look for) and packs the rest of
-    the ranks' out folder, the smallest files first within I(out_max_mb), into one archive;
-    each file, then the archive, is streamed by the connection into a temporary file beside
-    its destination and renamed over it. The archive is unpacked into a temporary folder
-    that is renamed over C(out/<host>) in the controller's run folder.
+  - One module run (M(torchfleet.cluster.run_outputs)) per node. With I(stop_reason) it asks
+    the run's guards to stop it, where it still runs; with I(end_units) it gives the run's
+    units the run's own wait to end (its spec's C(guard.stop_wait); their guards stop them),
+    stops what is left (C(guard.stop_grace) between SIGTERM and SIGKILL), keeping each one's
+    log, and deletes the node's secret environment file. Then it packs the node's files of
+    the run (torchfleet.report.run_files says which) and the rest of the ranks' out folder,
+    the smallest files first within I(out_max_mb), into one archive.
+  - An archive of up to 4 MiB comes back in the module's result; a larger one is streamed
+    by the connection into a temporary file, then deleted on the node. Each file is renamed
+    into place whole, and the out folder is unpacked into a temporary folder that is renamed
+    over C(out/<host>) in the controller's run folder.
   - A reader of the controller's run folder never sees half a log, half a model or half an
     out folder, and nothing large is held in memory.
 author: torchfleet developers (!UNKNOWN)
@@ -35,15 +40,23 @@ options:
     description: At most this many MB of the ranks' out folder come back (launch_collect_out_max_mb, 0 to 1048576).
     type: int
     default: 1024
+  end_units:
+    description: End the run's units on the node first, as the run's spec says (torchfleet.report.run_end).
+    type: bool
+    default: false
+  stop_reason:
+    description: Ask the run's guards to stop it first, with this reason, where it still runs and no stop was asked.
+    type: str
 """
 
 EXAMPLES = r"""
-- name: Bring each node's logs, checksums and guard records, and the master's run state and model
+- name: End the run on each node, then bring its logs, checksums and guard records, and the master's run state and model
   torchfleet.cluster.collect_run:
     node_run_dir: /var/lib/torchfleet/runs/mnist-20260101-120000
     run_dir: runs/mnist-20260101-120000
     spec: "{{ launch__spec }}"
     out_max_mb: 1024
+    end_units: true
 """
 
 RETURN = r"""
@@ -59,4 +72,9 @@ out:
     taken and left, the largest left, and a message where the limit left files on the node.
   returned: success
   type: dict
+containers:
+  description: With I(end_units), each unit's last state, ordered by rank (as rank_processes and rank_containers give it).
+  returned: always
+  type: list
+  elements: dict
 """

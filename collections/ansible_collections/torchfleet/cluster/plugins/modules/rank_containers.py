@@ -117,96 +117,15 @@ libraries:
 
 import json
 import os
-import re
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
-from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-
-# The part of each rank's environment worth keeping in the run report.
-REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|"
-                          r"OMP_NUM_THREADS|LD_PRELOAD|MALLOC_CONF|GLOO_\w+|SGX_\w+|TORCHFLEET_\w+|http_proxy|https_proxy|no_proxy)=")
-FRACTION = re.compile(r"^(\S+?T\d\d:\d\d:\d\d)(?:\.(\d+))?Z (.*)$")
-
-
-def reported_env(env, labels):
-    """The part of a container's env worth a report; a secret variable (the launch names
-    them in a label, with what may be shown: a redacted URL, or a placeholder) shows that."""
-    shown = json.loads(labels.get("torchfleet.secret_env") or "{}")
-    pairs = (e.split("=", 1) for e in env if REPORTED_ENV.match(e))
-    return {name: shown.get(name, value) for name, value in pairs}
+from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker
 
 
 def _cli(module, *args, check=True):
-    rc, out, err = module.run_command([module.params["docker_cli"], *args])
-    if check and rc != 0:
-        module.fail_json(msg=f"docker {' '.join(args[:2])} failed: {err.strip() or out.strip()}")
-    return rc, out, err
-
-
-def merged_log(module, name, tail=None):
-    """stdout and stderr of a container, merged by docker's timestamps."""
-    args = ["logs", "--timestamps"]
-    if tail:
-        args += ["--tail", str(tail)]
-    rc, out, err = _cli(module, *args, name, check=False)
-    lines = []
-    for stream, text in ((0, out), (1, err)):
-        for seq, line in enumerate(text.splitlines()):
-            match = FRACTION.match(line)
-            if match:
-                # Docker trims trailing zeros of the fraction; pad it so text order is time order.
-                key = f"{match[1]}.{(match[2] or '').ljust(9, '0')}"
-                lines.append((key, stream, seq, match[3]))
-            else:
-                lines.append(("", stream, seq, line))
-    lines.sort()
-    return "\n".join(entry[3] for entry in lines) + ("\n" if lines else "")
-
-
-def find(module):
-    # A bare-metal node without docker has no rank containers.
-    if not module.get_bin_path(module.params["docker_cli"]):
-        return []
-    filters = []
-    for key, value in sorted(module.params["labels"].items()):
-        # An empty value matches any container that has the label at all.
-        filters += ["--filter", f"label={key}={value}" if value not in (None, "") else f"label={key}"]
-    _rc, out, _err = _cli(module, "ps", "--all", "--quiet", "--no-trunc", *filters)
-    ids = out.split()
-    if not ids:
-        return []
-    _rc, out, _err = _cli(module, "inspect", *ids)
-    found = []
-    for item in json.loads(out):
-        labels = item["Config"].get("Labels") or {}
-        state = item["State"]
-        found.append(
-            {
-                "id": item["Id"],
-                "name": item["Name"].lstrip("/"),
-                "rank": int(labels.get("torchfleet.rank", -1)),
-                "run": labels.get("torchfleet.run"),
-                # mpirun mode: the launcher's mpirun and the workers' sshd are not ranks.
-                "role": labels.get("torchfleet.role", "rank"),
-                "status": state["Status"],
-                "running": state["Running"],
-                "exit_code": None if state["Running"] else state["ExitCode"],
-                "oom_killed": state.get("OOMKilled", False),
-                "started_at": state.get("StartedAt"),
-                "finished_at": None if state["Running"] else state.get("FinishedAt"),
-                "cpuset": item["HostConfig"].get("CpusetCpus") or None,
-                "cpuset_mems": item["HostConfig"].get("CpusetMems") or None,
-                "devices": [d["PathOnHost"] for d in item["HostConfig"].get("Devices") or []],
-                "mounts": sorted(f"{m['Source']}:{m['Destination']}" + ("" if m.get("RW", True) else ":ro")
-                                 for m in item.get("Mounts") or []),
-                "oom_kill_disable": bool(item["HostConfig"].get("OomKillDisable")),
-                "env": reported_env(item["Config"].get("Env") or [], labels),
-            }
-        )
-    return sorted(found, key=lambda c: c["rank"])
+    return rank_docker.cli(module, module.params["docker_cli"], *args, check=check)
 
 
 def image_info(module, name):
@@ -289,10 +208,11 @@ def main():
         },
         supports_check_mode=True,
     )
-    containers = find(module)
+    docker, labels = module.params["docker_cli"], module.params["labels"]
+    containers = rank_docker.find(module, docker, labels)
     if module.params["state"] == "status":
         for c in containers:
-            recent = merged_log(module, c["name"], tail=module.params["tail_lines"]).rstrip("\n")
+            recent = rank_docker.merged_log(module, docker, c["name"], tail=module.params["tail_lines"]).rstrip("\n")
             c["last_line"] = recent.splitlines()[-1] if recent else ""
             if c["exit_code"] not in (None, 0):
                 c["log_tail"] = recent
@@ -309,28 +229,9 @@ def main():
         containers = [c for c in containers if not c["running"]]
     if not containers or module.check_mode:
         module.exit_json(changed=bool(containers), containers=containers)
-    deadline = time.monotonic() + module.params["wait_s"]
-    while any(c["running"] for c in containers) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        containers = [c for c in find(module) if c["id"] in {x["id"] for x in containers}]
-    running = [c["name"] for c in containers if c["running"]]
-    if running:
-        _cli(module, "kill", *running, check=False)
-    ids = {c["id"] for c in containers}
-    finals = [c for c in find(module) if c["id"] in ids]
-    for c in finals:
-        c["stopped_by_torchfleet"] = c["name"] in running
-        log_dir = os.path.join(module.params["log_root"], c["run"] or "unknown") if module.params["log_root"] \
-            else module.params["log_dir"]
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-            path = os.path.join(log_dir, vocab.unit_log(c["role"], c["rank"]))
-            with open(path, "w") as fh:
-                fh.write(merged_log(module, c["name"]))
-            c["log"] = path
-    _cli(module, "rm", "--force", *[c["id"] for c in finals])
+    finals = rank_docker.remove(module, docker, containers, labels, module.params["wait_s"],
+                                module.params["log_dir"], module.params["log_root"])
     module.exit_json(changed=True, containers=finals)
-
 
 if __name__ == "__main__":
     main()

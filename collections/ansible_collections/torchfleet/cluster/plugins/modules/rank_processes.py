@@ -118,7 +118,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find, systemd
+from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import end, find, systemd
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import PrepareError, prepare, write_whole
 
 
@@ -174,18 +174,6 @@ def start(module, run_dir, entry, secret_env=None):
     write_whole(files[vocab.ProcessFile.PID], f"{proc.pid}\n")
 
 
-def stop(module, entry, signum=signal.SIGKILL):
-    """SIGTERM lets the guard stop its rank and say why; SIGKILL ends what is left."""
-    open(vocab.process_file(entry["base"], vocab.ProcessFile.STOPPED), "w").close()
-    if "unit" in entry:
-        module.run_command(["systemctl", "kill", "--signal", signal.Signals(signum).name, entry["unit"]])
-        return
-    try:
-        os.killpg(entry["pid"], signum)
-    except ProcessLookupError:
-        pass
-
-
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -235,29 +223,8 @@ def main():
                 e["log_tail"] = recent
         module.exit_json(changed=False, containers=entries)
 
-    deadline = time.monotonic() + module.params["wait_s"]
-    while any(e["running"] for e in entries) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        entries = find(module, run_dir, recurse, job)
-    running = [e for e in entries if e["running"]]
-    for e in running:
-        stop(module, e, signal.SIGTERM)
-    deadline = time.monotonic() + module.params["grace_s"]
-    while any(e["running"] for e in find(module, run_dir, recurse, job)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for e in find(module, run_dir, recurse, job):
-        if e["running"]:
-            stop(module, e)
-    deadline = time.monotonic() + 10
-    while any(e["running"] for e in find(module, run_dir, recurse, job)):
-        if time.monotonic() > deadline:
-            module.fail_json(msg=f"processes under {run_dir} survived SIGKILL")
-        time.sleep(0.2)
-    finals = find(module, run_dir, recurse, job)
-    for e in finals:
-        if e["exit_code"] is None and e["stopped_by_torchfleet"]:
-            e["exit_code"] = 128 + signal.SIGKILL
-    module.exit_json(changed=bool(running), containers=finals)
+    finals, signalled = end(module, run_dir, module.params["wait_s"], module.params["grace_s"], recurse, job)
+    module.exit_json(changed=signalled, containers=finals)
 
 
 if __name__ == "__main__":

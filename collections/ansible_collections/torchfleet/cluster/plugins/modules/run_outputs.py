@@ -1,26 +1,33 @@
 #!/usr/bin/python
-"""A node's share of a run for the controller (the collect_run action calls it)."""
+"""A node's share of a run for the controller, once its units have ended (the collect_run action calls it)."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: run_outputs
-short_description: Find a run's files on a node, and pack its ranks' out folder under a size limit
+short_description: End a run's units on a node, then pack its files and its ranks' out folder for the controller
 description:
-  - Says which of I(wanted) (top-level files the action fetches one by one) exist in I(run_dir).
+  - With I(stop_reason), first asks the run's guards to stop it, where it still runs and no
+    stop was asked, as M(torchfleet.cluster.run_state) with I(state=stopped) would.
+  - With I(units), then ends the run's units on the node, as M(torchfleet.cluster.rank_processes)
+    or M(torchfleet.cluster.rank_containers) with I(state=absent) would, and deletes I(remove).
+  - Says which of I(wanted) (top-level files of I(run_dir)) exist, and packs them.
   - Lists every other regular file below I(run_dir), the ranks' out folder, leaving out the
     top-level names that match I(own) (torchfleet's own files); packs the smallest first,
-    while they fit within I(max_bytes), into the gzip'd tar I(archive).
+    while they fit within I(max_bytes).
+  - Everything goes into one gzip'd tar, C(run/NAME) for I(wanted) and C(out/PATH) for the
+    out folder. Up to I(inline_max) bytes it comes back in the result itself; a larger one
+    is left beside the node's runs for the action to fetch and delete.
 author: torchfleet developers (!UNKNOWN)
 notes:
-  - M(torchfleet.cluster.collect_run) runs it, then brings the files and the archive back.
+  - M(torchfleet.cluster.collect_run) runs it, then puts the files in place on the controller.
 options:
   run_dir:
     description: The run's folder on the node.
     type: path
     required: true
   wanted:
-    description: Top-level file names to look for.
+    description: Top-level file names to look for and pack.
     type: list
     elements: str
     default: []
@@ -30,22 +37,43 @@ options:
     elements: str
     default: []
   max_bytes:
-    description: At most this many bytes of the out folder are packed.
+    description: At most this many bytes of the out folder are packed; none when 0.
     type: int
     default: 0
-  archive:
-    description: Where to write the archive; the out folder is only listed when unset.
-    type: path
+  pack:
+    description: Whether to pack; the files are only listed when false.
+    type: bool
+    default: true
+  inline_max:
+    description: An archive of at most this many bytes comes back in the result (C(archive_b64)).
+    type: int
+    default: 4194304
+  units:
+    description:
+      - The run's units to end first, C(kind) C(process) (the run's folder holds their
+        files) or C(container) (they carry the label C(torchfleet.run=<run_id>)), each given
+        C(wait_s) seconds to end by itself (its guard stops it); then a process gets SIGTERM,
+        C(grace_s) seconds and SIGKILL, a container is killed. A container's log is written
+        into I(run_dir) before it is removed.
+    type: dict
+  remove:
+    description: Files to delete once the units have ended (the node's secret environment file).
+    type: list
+    elements: path
+    default: []
+  stop_reason:
+    description: Why the run is stopped, where this asks its guards to stop it; nothing is asked when unset.
+    type: str
 """
 
 EXAMPLES = r"""
-- name: Find the run's logs, and pack up to 100 MB of the ranks' out folder
+- name: End the run's processes, then pack its logs and up to 100 MB of the ranks' out folder
   torchfleet.cluster.run_outputs:
     run_dir: /var/lib/torchfleet/runs/mnist-20260101-120000
     wanted: [rank-0.log, job.json]
     own: ["*.log", "*.json"]
     max_bytes: 104857600
-    archive: /tmp/out.tar.gz
+    units: {kind: process, run_id: mnist-20260101-120000, wait_s: 30, grace_s: 10}
 """
 
 RETURN = r"""
@@ -60,7 +88,7 @@ total:
   type: list
   elements: int
 taken:
-  description: Files and bytes packed, as C([files, bytes]).
+  description: Files and bytes of it packed, as C([files, bytes]).
   returned: always
   type: list
   elements: int
@@ -75,19 +103,48 @@ left_largest:
   type: list
   elements: list
 archive:
-  description: The archive's path; null where nothing was packed.
+  description: The archive's path on the node where it is too large to come back in the result; else null.
   returned: always
   type: str
+archive_b64:
+  description: The archive itself, base64, where it is at most I(inline_max) bytes; else null.
+  returned: always
+  type: str
+containers:
+  description: With I(units), each unit's last state, ordered by rank (as rank_processes and rank_containers give it).
+  returned: always
+  type: list
+  elements: dict
 """
 
+import base64
 import os
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker, rank_files
 from ansible_collections.torchfleet.cluster.plugins.module_utils.out_folder import archive, listing, pick
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import ask_stop
 
 # How many of the files left behind a result names; the count and bytes cover them all.
 LARGEST = 20
+
+
+def end_units(module, run_dir, units):
+    """The units' last states, and whether any had to be stopped here."""
+    wait_s, kind = float(units.get("wait_s") or 0), units.get("kind")
+    if kind == "process":
+        if not os.path.isdir(run_dir):
+            return [], False
+        return rank_files.end(module, run_dir, wait_s, float(units.get("grace_s") or 0))
+    if kind == "container":
+        docker, labels = units.get("docker_cli") or "docker", {"torchfleet.run": units["run_id"]}
+        containers = rank_docker.find(module, docker, labels)
+        if not containers:
+            return [], False
+        return rank_docker.remove(module, docker, containers, labels, wait_s, log_dir=run_dir), True
+    module.fail_json(msg=f"units.kind must be process or container, not {kind!r}")
 
 
 def main():
@@ -96,24 +153,49 @@ def main():
         "wanted": {"type": "list", "elements": "str", "default": []},
         "own": {"type": "list", "elements": "str", "default": []},
         "max_bytes": {"type": "int", "default": 0},
-        "archive": {"type": "path"},
-    }, supports_check_mode=True)
+        "pack": {"type": "bool", "default": True},
+        "inline_max": {"type": "int", "default": 4 << 20},
+        "units": {"type": "dict"},
+        "remove": {"type": "list", "elements": "path", "default": []},
+        "stop_reason": {"type": "str"},
+    }, supports_check_mode=False)
     p = module.params
+    asked = p["stop_reason"] is not None and os.path.isdir(p["run_dir"]) and ask_stop(p["run_dir"], p["stop_reason"])
+    finals, changed = end_units(module, p["run_dir"], p["units"]) if p["units"] else ([], False)
+    changed = changed or asked
+    for path in p["remove"]:
+        if os.path.lexists(path):
+            os.unlink(path)
+            changed = True
+    result = {"changed": changed, "containers": finals, "archive": None, "archive_b64": None}
     if not os.path.isdir(p["run_dir"]):
-        module.exit_json(changed=False, found=[], total=[0, 0], taken=[0, 0], left=[0, 0], left_largest=[],
-                         archive=None)
+        module.exit_json(found=[], total=[0, 0], taken=[0, 0], left=[0, 0], left_largest=[], **result)
     found = [n for n in p["wanted"] if os.path.isfile(os.path.join(p["run_dir"], n))]
     files = listing(p["run_dir"], p["own"])
     taken, left = pick(files, max(p["max_bytes"], 0))
-    packed = []
-    if p["archive"] and taken:
-        packed = archive(p["run_dir"], [path for path, _size in taken], p["archive"])
+    packed_out = []
+    if p["pack"] and (found or taken):
+        # Beside the runs, not in the run's folder, where a later collect would count it.
+        fd, dest = tempfile.mkstemp(prefix=".collect-", suffix=".tar.gz", dir=os.path.dirname(p["run_dir"]))
+        # Readable as the run's files are: a become user's login fetches it.
+        os.fchmod(fd, 0o644)
+        os.close(fd)
+        packed = archive(p["run_dir"], [(n, f"run/{n}") for n in found] + [(f, f"out/{f}") for f, _size in taken],
+                         dest)
+        found = [n for n in found if f"run/{n}" in packed]
+        packed_out = [a[len("out/"):] for a in packed if a.startswith("out/")]
+        if os.path.getsize(dest) <= p["inline_max"]:
+            with open(dest, "rb") as fh:
+                result["archive_b64"] = base64.b64encode(fh.read()).decode()
+            os.unlink(dest)
+        else:
+            result["archive"] = dest
     sizes = dict(taken)
-    module.exit_json(changed=False, found=found, total=[len(files), sum(s for _path, s in files)],
-                     taken=[len(packed), sum(sizes[path] for path in packed)],
+    module.exit_json(found=found, total=[len(files), sum(s for _path, s in files)],
+                     taken=[len(packed_out), sum(sizes[path] for path in packed_out)],
                      left=[len(left), sum(s for _path, s in left)],
                      left_largest=[list(f) for f in sorted(left, key=lambda f: (-f[1], f[0]))[:LARGEST]],
-                     archive=p["archive"] if packed else None)
+                     **result)
 
 
 if __name__ == "__main__":

@@ -191,14 +191,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
     PrepareError,
+    ask_stop,
     prepare,
     read_run,
-    write_whole,
 )
-
-
-def request_stop(run_dir, reason):
-    write_whole(os.path.join(run_dir, vocab.STOP), (reason or "stopped on request (torchfleet stop)") + "\n")
 
 
 def wait_for_end(run_dir, wait, poll):
@@ -255,18 +251,18 @@ def main():
             module.exit_json(changed=False, found=False, run=None)
         changed = False
         if p["state"] == "stopped":
-            info = read_run(run_dir)
-            changed = info["state"] == vocab.RunState.RUNNING and not info["stop_requested"]
-            if changed and not module.check_mode:
-                request_stop(run_dir, p["reason"])
+            if module.check_mode:
+                info = read_run(run_dir)
+                changed = info["state"] == vocab.RunState.RUNNING and not info["stop_requested"]
+            else:
+                changed = ask_stop(run_dir, p["reason"])
         module.exit_json(changed=changed, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"], p["record"]))
 
     runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
     if p["state"] == "stopped":
         asked = [r["run_id"] for r in runs if r["state"] == vocab.RunState.RUNNING and not r["stop_requested"]]
         if not module.check_mode:
-            for run_id in asked:
-                request_stop(os.path.join(runs_dir, run_id), p["reason"])
+            asked = [run_id for run_id in asked if ask_stop(os.path.join(runs_dir, run_id), p["reason"])]
         module.exit_json(changed=bool(asked), stopped=asked)
     module.exit_json(changed=False, runs=runs)
 
