@@ -125,16 +125,16 @@ class ActionModule(ActionBase):
                      if u["state"] == vocab.UnitState.STOPPED and u.get("abort")), None)
 
     def _listening(self, listen, task_vars, left=None):
-        """The port, waited for on the node for up to LISTEN_WAIT seconds (wait_for tries it
-        every second), or what is left of the timeout: while the master starts, one call
+        """The port, waited for on the node for up to LISTEN_WAIT seconds (listen_wait tries
+        it every 50 ms), or what is left of the timeout: while the master starts, one call
         instead of one per poll. A rank that fails meanwhile is seen at the next poll."""
         probe = self._execute_module(
-            module_name="ansible.builtin.wait_for",
+            module_name="torchfleet.cluster.listen_wait",
             module_args={"host": listen[0], "port": listen[1],
-                         "timeout": max(1, int(min(LISTEN_WAIT, left if left is not None else LISTEN_WAIT)))},
+                         "timeout": max(1, min(LISTEN_WAIT, left if left is not None else LISTEN_WAIT))},
             task_vars=task_vars,
         )
-        return not probe.get("failed")
+        return bool(probe.get("listening"))
 
 
 def _who(container):

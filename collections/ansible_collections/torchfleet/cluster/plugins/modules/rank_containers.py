@@ -233,5 +233,6 @@ def main():
                                 module.params["log_dir"], module.params["log_root"])
     module.exit_json(changed=True, containers=finals)
 
+
 if __name__ == "__main__":
     main()

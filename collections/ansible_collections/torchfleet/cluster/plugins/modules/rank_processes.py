@@ -111,9 +111,7 @@ containers:
 
 import os
 import shlex
-import signal
 import subprocess
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 

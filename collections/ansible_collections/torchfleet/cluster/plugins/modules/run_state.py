@@ -12,7 +12,8 @@ description:
   - With I(state=stopped) it writes the run's C(stop) file (every running run's, without
     I(run_id)), which every guard on the node reads on its next poll; the run stops
     everywhere, each unit recording I(reason).
-  - With I(state=present) it removes the oldest finished run folders beyond I(keep), then
+  - With I(state=present) it removes the exited containers that I(leftovers) names, and the
+    oldest finished run folders beyond I(keep), then
     creates the run's folder and writes I(files) into it, each whole (a temporary file, then
     a rename); one call where a start would otherwise spend a task per file. With
     I(workload), the job's workload folder is first replaced whole from its tar.
@@ -117,6 +118,14 @@ options:
     description: Seconds between the reads of C(job.json) while waiting.
     type: float
     default: 0.5
+  leftovers:
+    description:
+      - With I(state=present), first removes the exited containers that carry every label of
+        I(leftovers) (a job's rank containers of an earlier run that nothing collected), each
+        one's log kept in its own run's folder under I(node_dir) (as
+        M(torchfleet.cluster.rank_containers) with I(exited_only) and I(log_root)). Running
+        ones are left alone.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -165,6 +174,11 @@ stopped:
   returned: with state=stopped and no run_id
   type: list
   elements: str
+leftovers:
+  description: With I(leftovers), the exited containers removed, as rank_containers gives them.
+  returned: with state=present and leftovers, outside check mode
+  type: list
+  elements: dict
 removed:
   description: The finished runs pruned.
   returned: with state=present, outside check mode
@@ -188,6 +202,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
     PrepareError,
@@ -229,6 +244,7 @@ def main():
             "record": {"type": "bool", "default": False},
             "wait": {"type": "float", "default": 0},
             "poll": {"type": "float", "default": 0.5},
+            "leftovers": {"type": "dict"},
         },
         required_if=[("state", "present", ["run_id"])],
         supports_check_mode=True,
@@ -237,11 +253,18 @@ def main():
     invocation = {"module_args": {k: v for k, v in p.items() if k not in ("files", "workload")}}
     runs_dir = os.path.join(p["node_dir"], "runs")
     if p["state"] == "present":
+        left = []
+        if p["leftovers"] and not module.check_mode:
+            left = [c for c in rank_docker.find(module, "docker", p["leftovers"]) if not c["running"]]
+            if left:
+                left = rank_docker.remove(module, "docker", left, p["leftovers"], 0, log_root=runs_dir)
         try:
             done = prepare(p["node_dir"], p["run_id"], p["files"], p["keep"], p["owner"], p["group"], p["workload"],
                            check=module.check_mode, dirs=p["dirs"])
         except PrepareError as exc:
             module.fail_json(msg=str(exc), invocation=invocation)
+        if left:
+            done.update(changed=True, leftovers=left)
         module.exit_json(**done, invocation=invocation)
     if p["run_id"]:
         run_dir = os.path.join(runs_dir, p["run_id"])
