@@ -81,9 +81,14 @@ FLOOR_PLAYBOOK = """
 - hosts: torchfleet_nodes
   gather_facts: false
   tasks:
-    - {name: the check on every node, ansible.builtin.ping: {}}
-    - {name: the master's start, ansible.builtin.ping: {}, when: inventory_hostname == ansible_play_hosts[0]}
-    - {name: the other nodes' start, ansible.builtin.ping: {}, when: inventory_hostname != ansible_play_hosts[0]}
+    - name: the check on every node
+      ansible.builtin.ping: {}
+    - name: the master's start
+      ansible.builtin.ping: {}
+      when: inventory_hostname == ansible_play_hosts_all[0]
+    - name: the other nodes' start
+      ansible.builtin.ping: {}
+      when: inventory_hostname != ansible_play_hosts_all[0]
 """
 
 
