@@ -4,6 +4,7 @@ with TensorBoard's own reader."""
 
 import hashlib
 import json
+import random
 import re
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from .conftest import node_sh
 
 # Each rank writes a few files of known content, in nested folders too (one named like
 # torchfleet's own rank logs, which only the top of the folder holds), and with BIG_MB a
-# file of that many MB.
+# file of that many MB that does not compress (a checkpoint's bytes, seeded per rank): over
+# 4 MiB, a node's archive comes back as a file of its own, not in the module's result.
 OUT_WORKLOAD = """
-import hashlib, json, os
+import hashlib, json, os, random
 import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -34,7 +36,7 @@ put(f"metrics-rank-{rank}.json", json.dumps({"rank": rank, "loss": 0.5 / (rank +
 put(f"rank-{rank}/nested/deep/blob.bin", hashlib.sha256(f"rank {rank}".encode()).digest() * 4096)
 put(f"rank-{rank}/nested/rank-{rank}.log", b"a log of the user's own\\n")
 if int(os.environ.get("BIG_MB", "0")):
-    put(f"rank-{rank}/ckpt/big.bin", bytes(range(256)) * (4096 * int(os.environ["BIG_MB"])))
+    put(f"rank-{rank}/ckpt/big.bin", random.Random(rank).randbytes(int(os.environ["BIG_MB"]) << 20))
 print(f"rank {rank} wrote its out files", flush=True)
 dist.barrier()
 dist.destroy_process_group()
@@ -50,7 +52,7 @@ def expected(rank, big_mb=0):
         f"rank-{rank}/nested/rank-{rank}.log": b"a log of the user's own\n",
     }
     if big_mb:
-        files[f"rank-{rank}/ckpt/big.bin"] = bytes(range(256)) * (4096 * big_mb)
+        files[f"rank-{rank}/ckpt/big.bin"] = random.Random(rank).randbytes(big_mb << 20)
     return files
 
 
@@ -92,36 +94,38 @@ def test_every_ranks_out_folder_arrives_with_its_checksums(provisioned, out_work
 
 def test_a_limit_keeps_large_files_on_the_node_says_so_and_collect_brings_them(provisioned, out_workload):
     cluster = provisioned[0]
-    job = Job(workload=out_workload, name="outfiles", args=[], env={"BIG_MB": "2"},
+    job = Job(workload=out_workload, name="outfiles", args=[], env={"BIG_MB": "5"},
               extra_vars={"launch_collect_out_max_mb": 1})
     run = cluster.launch(job)
     assert run.ok  # a limit cuts what comes back, never the run
     out = Path(run.run_dir) / "out"
     for r in run.ranks:
-        files = expected(r.rank, big_mb=2)
+        files = expected(r.rank, big_mb=5)
         big = f"rank-{r.rank}/ckpt/big.bin"
         got = arrived(out / r.host)
         assert sorted(got) == sorted(set(files) - {big})
         assert all(got[rel] == hashlib.sha256(files[rel]).hexdigest() for rel in got)
         entry = run.outputs[r.host]
-        assert (entry["left_files"], entry["left_bytes"]) == (1, 2 << 20)
+        assert (entry["left_files"], entry["left_bytes"]) == (1, 5 << 20)
         message = entry["message"]
-        assert message.startswith(f"{r.host} (rank {r.rank}): 1 of the out folder's 4 files (2.0 MB of ")
-        assert "launch_collect_out_max_mb=1" in message and f"{big} (2.0 MB)" in message
+        assert message.startswith(f"{r.host} (rank {r.rank}): 1 of the out folder's 4 files (5.0 MB of ")
+        assert "launch_collect_out_max_mb=1" in message and f"{big} (5.0 MB)" in message
         assert f"{r.host}:/var/lib/torchfleet/runs/{run.run_id}" in message
-        assert message.endswith(f"torchfleet collect {run.run_id} -e launch_collect_out_max_mb=3")
+        assert message.endswith(f"torchfleet collect {run.run_id} -e launch_collect_out_max_mb=6")
     # The report on disk says the same.
     summary = json.loads((Path(run.run_dir) / "summary.json").read_text())
     assert summary["outputs"]["node-2"]["message"] == run.outputs["node-2"]["message"]
 
     # What the message advises brings the rest, byte for byte.
     wider = torchfleet.Cluster(cluster.inventory, runs_dir=cluster.runs_dir, env=cluster.env, progress=False,
-                               extra_vars={"launch_collect_out_max_mb": 3})
+                               extra_vars={"launch_collect_out_max_mb": 6})
     again = wider.run(run.run_id).collect()
     for r in again.ranks:
-        files = expected(r.rank, big_mb=2)
+        files = expected(r.rank, big_mb=5)
         assert arrived(out / r.host) == {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
         assert again.outputs[r.host]["message"] is None
+        # The archive, too large for the module's result, was fetched and then deleted there.
+        assert ".collect-" not in node_sh(r.host, "ls -a /var/lib/torchfleet/runs")
     assert sorted(p.name for p in out.iterdir()) == ["node-1", "node-2"]
 
 
