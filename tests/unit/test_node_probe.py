@@ -155,7 +155,7 @@ def test_every_nodes_checks_come_from_its_own_readings_and_name_it():
     failed = [(c["host"], c["variable"]) for c in checks if not c["that"]]
     assert failed == [("node-2", "launch_python"), ("node-2", "launch_extra_devices"), ("node-2", "launch_job")]
     assert "launch_python /other/python does not exist" in next(c["msg"] for c in checks if not c["that"])
-    # Container modes: the image as check_containers.yml found it, and the job's running containers.
+    # Container modes: the image as node_probe found it (launch_input's fact), and the job's running containers.
     image = {"launch__input": {"settings": {}}, "launch__node_state": {},
              "launch__job_containers": {"images": [{"Id": "sha256:1"}],
                                         "containers": [{"run": "r7", "running": True}, {"run": "r6", "running": False}]}}
@@ -256,3 +256,41 @@ def test_where_an_owner_is_asked_a_file_held_by_another_uid_or_gid_is_copied_aga
     assert filters.files_to_copy(["k", "k.pub"], src, dest, "0600", 61000, 61000) == ["k.pub"]
     assert filters.files_to_copy(["k", "k.pub"], src, dest, "0600", "61000", 0) == ["k", "k.pub"]
     assert filters.files_to_copy(["k", "k.pub"], src, dest, "0600") == []
+
+
+def test_the_probe_reads_the_image_and_the_jobs_containers_and_an_engine_that_fails_is_an_answer(tmp_path):
+    """node_probe's containers part against a docker CLI that knows one image and one exited
+    container of the job (train:1), or whose daemon is down (down:1): a plan before
+    site.yml must get an answer, not a failed task."""
+    from types import SimpleNamespace
+
+    docker = tmp_path / "docker"
+    inspect = [{"Id": "c1", "Name": "/tfjob-r1-rank0", "Config": {"Labels": {"torchfleet.rank": "0", "torchfleet.run": "r1"},
+                                                              "Env": ["RANK=0"]},
+                "State": {"Status": "exited", "Running": False, "ExitCode": 0}, "HostConfig": {}}]
+    docker.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2 $3" in\n'
+        '  "image inspect train:1") echo \'[{"Id": "sha256:abc", "RepoTags": ["train:1"]}]\' ;;\n'
+        '  "image inspect down:1") echo "Cannot connect to the Docker daemon" >&2; exit 1 ;;\n'
+        '  ps*) echo c1 ;;\n'
+        f"  inspect*) echo '{json.dumps(inspect)}' ;;\n"
+        '  logs*) echo "2026-01-01T00:00:00.5Z done" ;;\n'
+        "  *) exit 3 ;;\n"
+        "esac\n")
+    docker.chmod(0o755)
+
+    def run_command(argv, **_kw):
+        import subprocess
+
+        done = subprocess.run(argv, capture_output=True, text=True)
+        return done.returncode, done.stdout, done.stderr
+
+    module = SimpleNamespace(run_command=run_command, get_bin_path=lambda name, *a, **k: name)
+    found = node_probe.containers(module, {"docker_cli": str(docker), "labels": {"torchfleet.job": "train"},
+                                           "image": "train:1"})
+    assert found["images"] == [{"Id": "sha256:abc", "RepoTags": ["train:1"]}]
+    assert [(c["run"], c["running"], c["exit_code"], c["last_line"]) for c in found["containers"]] == \
+        [("r1", False, 0, "done")]
+    down = node_probe.containers(module, {"docker_cli": str(docker), "labels": {}, "image": "down:1"})
+    assert down["failed"] and "Cannot connect to the Docker daemon" in down["msg"]

@@ -8,7 +8,8 @@ from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 from torchfleet import cpus, inputs, settings
 from torchfleet.errors import InventoryError
 
-ARGS = {"role": {"type": "path", "required": True}, "pinning_role": {"type": "path", "required": True}, "probe": {"type": "dict", "required": True}}
+ARGS = {"role": {"type": "path", "required": True}, "pinning_role": {"type": "path", "required": True},
+        "probe": {"type": "dict", "required": True}, "image": {"type": "dict"}}
 
 
 class ActionModule(ActionBase):
@@ -40,9 +41,25 @@ class ActionModule(ActionBase):
         probe["paths"] = paths + list(needs.get("paths") or [])
         if needs.get("uid") is not None:
             probe["uid"] = needs["uid"]
+        image = args["image"]
+        if not checked["bare"] and image:
+            # Container units: the image and the job's containers, in the same module run
+            # (the image's account of a uid where the launch mode asks, mpirun's mesh's, and
+            # the library launch_malloc preloads: each asked once per image ID, then kept on
+            # the node, except by a plan, which changes nothing).
+            probe["containers"] = dict(image, labels={"torchfleet.job": args["probe"].get("job")},
+                                       image_uid=needs.get("image_uid"), image_libraries=checked["malloc_libraries"])
         result.update(self._execute_module("torchfleet.cluster.node_probe", module_args=probe, task_vars=task_vars))
-        if not result.get("failed"):
-            result["ansible_facts"] = dict(result.get("ansible_facts") or {}, launch__input=checked)
+        if result.get("failed"):
+            return result
+        facts = dict(result.get("ansible_facts") or {}, launch__input=checked)
+        if "containers" in probe:
+            found = result.pop("containers")
+            # A plan may come before site.yml, on a node with no engine yet: there it is reported.
+            if found.get("failed") and image.get("keep_answer", True):
+                return dict(result, failed=True, msg=found["msg"])
+            facts["launch__job_containers"] = found
+        result["ansible_facts"] = facts
         return result
 
     def _pinning(self, role, task_vars, host):

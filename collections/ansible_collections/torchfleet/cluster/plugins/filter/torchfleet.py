@@ -121,7 +121,7 @@ def taken_port_check(port, table, skip=False):
 
 def runtime_ready(node, bare):
     """Whether a node (its hostvars) has what its ranks run on: launch_python, as node_probe
-    found it, or the image, as check_containers.yml looked for it."""
+    found it, or the image, as node_probe looked for it (the fact launch__job_containers)."""
     if bare:
         return bool((node.get("launch__node_state") or {}).get("python_ok"))
     return len((node.get("launch__job_containers") or {}).get("images") or []) == 1

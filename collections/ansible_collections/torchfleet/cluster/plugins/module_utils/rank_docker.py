@@ -1,7 +1,9 @@
-"""Node-side: a run's rank containers through the docker CLI (their labels say which).
+"""Node-side: a run's rank containers through the docker CLI (their labels say which), and
+what a launch asks of the training image.
 
-Shared by rank_containers, which reports on them and removes them, and run_outputs, which
-removes a run's containers before it packs what they left.
+Shared by rank_containers, which reports on them and removes them, node_probe, which reads
+them and the image in a launch's check, run_outputs, which removes a run's containers
+before it packs what they left, and run_state, which removes a job's exited leftovers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import re
 import time
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 
 # The part of each rank's environment worth keeping in the run report.
@@ -123,3 +126,85 @@ def remove(module, docker, containers, labels, wait_s, log_dir=None, log_root=No
     if finals:
         cli(module, docker, "rm", "--force", *[c["id"] for c in finals])
     return finals
+
+
+def image_info(module, docker, name):
+    """The image ``name`` as a one-item list, or [] where the node lacks it (as docker_image_info)."""
+    if not module.get_bin_path(docker):
+        return []
+    rc, out, err = cli(module, docker, "image", "inspect", name, check=False)
+    if rc != 0:
+        if "no such image" in (err + out).lower():
+            return []
+        module.fail_json(msg=f"docker image inspect {name} failed: {err.strip() or out.strip()}")
+    return [{"Id": i["Id"], "RepoTags": i.get("RepoTags") or []} for i in json.loads(out)]
+
+
+def _asked_once(module, docker, image_id, name, cache_dir, keep, argv, read):
+    """What ``argv`` answers in a throwaway container of the image ``image_id`` with no
+    network, as ``read(rc, out, err)`` makes it: ``(answer, final)``. An image ID names the
+    image's content, so a final answer is kept in ``cache_dir`` (``<id>-<name>.json``, unless
+    not ``keep``) and never asked again."""
+    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-{name}.json") if cache_dir else None
+    if cached and os.path.exists(cached):
+        with open(cached) as fh:
+            return json.load(fh)
+    rc, out, err = cli(module, docker, "run", "--rm", "--network", "none", "--entrypoint", argv[0], image_id,
+                       *argv[1:], check=False)
+    answer, final = read(rc, out, err)
+    if final and cached and keep:
+        os.makedirs(cache_dir, exist_ok=True)
+        part = f"{cached}.{os.getpid()}"
+        with open(part, "w") as fh:
+            json.dump(answer, fh)
+        os.replace(part, cached)
+    return answer
+
+
+def _failure(rc, out, err):
+    return err.strip() or out.strip() or f"exit {rc}"
+
+
+def image_account(module, docker, image_id, uid, cache_dir, keep=True):
+    """``{entry, error}``: ``uid``'s passwd fields in the image ``image_id`` (None where it has
+    no such account), from getent, asked once per image (_asked_once)."""
+    def read(rc, out, err):
+        # getent exits 2 for a key it does not find: an answer, and kept like a found one.
+        if rc not in (0, 2):
+            return {"entry": None, "error": _failure(rc, out, err)}, False
+        return {"entry": out.strip().split(":") if rc == 0 and out.strip() else None, "error": None}, True
+
+    return _asked_once(module, docker, image_id, str(uid), cache_dir, keep, ["getent", "passwd", str(uid)], read)
+
+
+def image_libraries(module, docker, image_id, names, cache_dir, keep=True):
+    """Each of ``names`` with its path in the image ``image_id`` (None where it has none),
+    from ldconfig; the image's whole listing is asked once per image (_asked_once)."""
+    def read(rc, out, err):
+        if rc != 0:
+            return {"error": _failure(rc, out, err)}, False
+        return {"listing": loader_libraries.parse(out)}, True
+
+    got = _asked_once(module, docker, image_id, "ldconfig-listing", cache_dir, keep, ["ldconfig", "-p"], read)
+    return loader_libraries.answer(names, got.get("listing") or {}, got.get("error"))
+
+
+def status(module, docker, labels, tail_lines=15, image=None, image_uid=None, libraries=None, cache_dir=None,
+           keep=True):
+    """The containers that carry ``labels``, each with its last log line (and its tail where
+    it exited non-zero); with ``image``, that image (``images``), and where the node has it,
+    ``uid``'s account in it (``image_account``) and where it has ``libraries``."""
+    containers = find(module, docker, labels)
+    for c in containers:
+        recent = merged_log(module, docker, c["name"], tail=tail_lines).rstrip("\n")
+        c["last_line"] = recent.splitlines()[-1] if recent else ""
+        if c["exit_code"] not in (None, 0):
+            c["log_tail"] = recent
+    found = {"containers": containers}
+    if image:
+        found["images"] = image_info(module, docker, image)
+    if found.get("images") and image_uid is not None:
+        found["image_account"] = image_account(module, docker, found["images"][0]["Id"], image_uid, cache_dir, keep)
+    if found.get("images") and libraries:
+        found["libraries"] = image_libraries(module, docker, found["images"][0]["Id"], libraries, cache_dir, keep)
+    return found

@@ -40,6 +40,13 @@ options:
     description: M(torchfleet.cluster.node_probe)'s other arguments (C(python), C(ports), C(run_root), C(job), C(checksum)).
     type: dict
     required: true
+  image:
+    description:
+      - For container units, C(image) (the training image), C(cache_dir) and C(keep_answer).
+        The same module run then reads the image and the job's containers (node_probe's
+        C(containers)), and they come back as the fact C(launch__job_containers). An engine
+        that cannot answer fails the task, unless C(keep_answer) is false (a plan).
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -55,7 +62,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_facts:
-  description: M(torchfleet.cluster.node_probe)'s facts, with C(launch__input) added.
+  description: M(torchfleet.cluster.node_probe)'s facts, with C(launch__input) added, and C(launch__job_containers) for container units.
   returned: success
   type: dict
 torchfleet_error:

@@ -57,6 +57,14 @@ options:
     type: list
     elements: str
     default: []
+  containers:
+    description:
+      - For container units, what M(torchfleet.cluster.rank_containers) with I(state=status) reads,
+        in the same module run; C(labels), C(image), C(image_uid), C(image_libraries),
+        C(cache_dir) and C(keep_answer) as its options. Its answer comes back as I(containers).
+      - A node whose engine cannot answer (a plan before site.yml) is no failure here; the
+        answer says so (C(failed), C(msg)).
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -133,6 +141,13 @@ hostname:
   description: The node's short hostname, as Slurm's NodeName and Ansible's ansible_hostname spell it.
   returned: always
   type: str
+containers:
+  description:
+    - With I(containers), the job's containers (C(containers)), the image (C(images)), its
+      C(image_account) and C(libraries), as rank_containers gives them; or C(failed) and C(msg)
+      where the engine could not answer.
+  returned: with containers
+  type: dict
 """
 
 import hashlib
@@ -143,7 +158,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
+from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries, rank_docker
 from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
 from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find
 
@@ -232,6 +247,37 @@ def _read(path):
         return ""
 
 
+class EngineFailed(Exception):
+    pass
+
+
+class _Answering:
+    """The module, for rank_docker, with a failure that comes back as an answer: a node
+    without an engine yet answers a plan, and the launch decides."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def run_command(self, *args, **kwargs):
+        return self.module.run_command(*args, **kwargs)
+
+    def get_bin_path(self, *args, **kwargs):
+        return self.module.get_bin_path(*args, **kwargs)
+
+    def fail_json(self, msg, **_kwargs):
+        raise EngineFailed(msg)
+
+
+def containers(module, ask):
+    try:
+        return rank_docker.status(_Answering(module), ask.get("docker_cli") or "docker", ask.get("labels") or {},
+                                  image=ask.get("image"), image_uid=ask.get("image_uid"),
+                                  libraries=ask.get("image_libraries"), cache_dir=ask.get("cache_dir"),
+                                  keep=ask.get("keep_answer", True))
+    except EngineFailed as exc:
+        return {"failed": True, "msg": str(exc)}
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -246,6 +292,7 @@ def main():
             "checksum": {"type": "path"},
             "uid": {"type": "int"},
             "libraries": {"type": "list", "elements": "str", "default": []},
+            "containers": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -283,6 +330,8 @@ def main():
     result["run_taken"] = taken if taken and os.path.lexists(taken) else None
     result["running_runs"] = sorted({e["run"] for e in find(module, p["run_root"], True, p["job"]) if e["running"]}) \
         if p["run_root"] and p["job"] and os.path.isdir(p["run_root"]) else []
+    if p["containers"]:
+        result["containers"] = containers(module, p["containers"])
     module.exit_json(**result)
 
 

@@ -115,78 +115,9 @@ libraries:
   type: dict
 """
 
-import json
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
 from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker
-
-
-def _cli(module, *args, check=True):
-    return rank_docker.cli(module, module.params["docker_cli"], *args, check=check)
-
-
-def image_info(module, name):
-    """The image ``name`` as a one-item list, or [] where the node lacks it (as docker_image_info)."""
-    if not module.get_bin_path(module.params["docker_cli"]):
-        return []
-    rc, out, err = _cli(module, "image", "inspect", name, check=False)
-    if rc != 0:
-        if "no such image" in (err + out).lower():
-            return []
-        module.fail_json(msg=f"docker image inspect {name} failed: {err.strip() or out.strip()}")
-    return [{"Id": i["Id"], "RepoTags": i.get("RepoTags") or []} for i in json.loads(out)]
-
-
-def _asked_once(module, image_id, name, cache_dir, keep, argv, read):
-    """What ``argv`` answers in a throwaway container of the image ``image_id`` with no
-    network, as ``read(rc, out, err)`` makes it: ``(answer, final)``. An image ID names the
-    image's content, so a final answer is kept in ``cache_dir`` (``<id>-<name>.json``, unless
-    not ``keep``) and never asked again."""
-    cached = os.path.join(cache_dir, f"{image_id.rsplit(':', 1)[-1]}-{name}.json") if cache_dir else None
-    if cached and os.path.exists(cached):
-        with open(cached) as fh:
-            return json.load(fh)
-    rc, out, err = _cli(module, "run", "--rm", "--network", "none", "--entrypoint", argv[0], image_id, *argv[1:],
-                        check=False)
-    answer, final = read(rc, out, err)
-    if final and cached and keep:
-        os.makedirs(cache_dir, exist_ok=True)
-        part = f"{cached}.{os.getpid()}"
-        with open(part, "w") as fh:
-            json.dump(answer, fh)
-        os.replace(part, cached)
-    return answer
-
-
-def _failure(rc, out, err):
-    return err.strip() or out.strip() or f"exit {rc}"
-
-
-def image_account(module, image_id, uid, cache_dir, keep=True):
-    """``{entry, error}``: ``uid``'s passwd fields in the image ``image_id`` (None where it has
-    no such account), from getent, asked once per image (_asked_once)."""
-    def read(rc, out, err):
-        # getent exits 2 for a key it does not find: an answer, and kept like a found one.
-        if rc not in (0, 2):
-            return {"entry": None, "error": _failure(rc, out, err)}, False
-        return {"entry": out.strip().split(":") if rc == 0 and out.strip() else None, "error": None}, True
-
-    return _asked_once(module, image_id, str(uid), cache_dir, keep, ["getent", "passwd", str(uid)], read)
-
-
-def image_libraries(module, image_id, names, cache_dir, keep=True):
-    """Each of ``names`` with its path in the image ``image_id`` (None where it has none),
-    from ldconfig; the image's whole listing is asked once per image (_asked_once)."""
-    def read(rc, out, err):
-        if rc != 0:
-            return {"error": _failure(rc, out, err)}, False
-        return {"listing": loader_libraries.parse(out)}, True
-
-    got = _asked_once(module, image_id, "ldconfig-listing", cache_dir, keep, ["ldconfig", "-p"], read)
-    return loader_libraries.answer(names, got.get("listing") or {}, got.get("error"))
 
 
 def main():
@@ -209,22 +140,11 @@ def main():
         supports_check_mode=True,
     )
     docker, labels = module.params["docker_cli"], module.params["labels"]
-    containers = rank_docker.find(module, docker, labels)
     if module.params["state"] == "status":
-        for c in containers:
-            recent = rank_docker.merged_log(module, docker, c["name"], tail=module.params["tail_lines"]).rstrip("\n")
-            c["last_line"] = recent.splitlines()[-1] if recent else ""
-            if c["exit_code"] not in (None, 0):
-                c["log_tail"] = recent
-        images = {"images": image_info(module, module.params["image"])} if module.params["image"] else {}
-        if images.get("images") and module.params["image_uid"] is not None:
-            images["image_account"] = image_account(module, images["images"][0]["Id"], module.params["image_uid"],
-                                                    module.params["cache_dir"], module.params["keep_answer"])
-        if images.get("images") and module.params["image_libraries"]:
-            images["libraries"] = image_libraries(module, images["images"][0]["Id"], module.params["image_libraries"],
-                                                  module.params["cache_dir"], module.params["keep_answer"])
-        module.exit_json(changed=False, containers=containers, **images)
-
+        module.exit_json(changed=False, **rank_docker.status(
+            module, docker, labels, module.params["tail_lines"], module.params["image"], module.params["image_uid"],
+            module.params["image_libraries"], module.params["cache_dir"], module.params["keep_answer"]))
+    containers = rank_docker.find(module, docker, labels)
     if module.params["exited_only"]:
         containers = [c for c in containers if not c["running"]]
     if not containers or module.check_mode:
