@@ -27,10 +27,10 @@ MB = 1 << 20
 # launch_collect_out_max_mb's bound: a TiB per node.
 MAX_MB = 1 << 20
 # The run folder's files that torchfleet writes whatever the mode: the spec, the guard with
-# the modules it imports (and Python's cache of them, a folder) and its config, the
+# the modules it imports (and Python's cache of them, a folder), its config and locks, the
 # mpirun environment files (one of them secret), the stop request, the run's state (on
 # the master) and the run's own checkpoint folder (large, and for the nodes).
-OWN = (vocab.SPEC, *vocab.GUARD_SOURCES, "__pycache__", vocab.GUARD_CONFIG, "node.env",
+OWN = (vocab.SPEC, *vocab.GUARD_SOURCES, "__pycache__", vocab.GUARD_CONFIG, vocab.GUARD_LOCKS, "node.env",
        vocab.SECRET_ENV, vocab.STOP, vocab.JOB, RUN_CHECKPOINTS)
 
 

@@ -29,9 +29,14 @@ def from_view(view: Mapping[str, Any]) -> dict[str, Any]:
     if master:
         state, abort = master["state"], master.get("abort")
     else:
-        state = vocab.RunState.RUNNING.value if vocab.RunState.RUNNING in states else (
-            states[0] if states else vocab.RunState.UNKNOWN.value)
         abort = next((u.get("abort") for r in nodes.values() for u in r.get("units", []) if u.get("abort")), None)
+        if vocab.RunState.RUNNING in states:
+            state = vocab.RunState.RUNNING.value
+        elif abort:
+            # No master's record to say how the run ended (its guards are gone): the abort does.
+            state = (vocab.RunState.STOPPED if abort.get("kind") == vocab.AbortKind.STOPPED else vocab.RunState.FAILED).value
+        else:
+            state = states[0] if states else vocab.RunState.UNKNOWN.value
     return {"state": state, "job": next((r.get("job") for r in nodes.values()), None), "abort": abort,
             "nodes": nodes, "unreachable": list(view.get("unreachable") or []), "source": FROM_NODES,
             "note": why_every_node(view.get("master")), **attempt_fields(master)}

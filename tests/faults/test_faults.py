@@ -298,3 +298,28 @@ def test_a_node_the_controller_cannot_reach_keeps_the_clusters_verdict_and_is_na
     assert code == 0 and out["run"]["unreachable"] == [] and out["run"]["note"] is None, out
     assert "step at" in (f.runs_dir / "unreached" / "rank-1.log").read_text()
     assert_nothing_left(f)
+
+
+def test_a_masters_container_removed_under_its_guard_reads_as_gone(faults_cluster):
+    """`docker rm -f` of the master's rank container, as a launch's end that lost the master
+    does, takes its guard before it writes how its unit ended: the record still says running.
+    The other guard stops its rank for the lost store. Status says failed, with the master's
+    unit gone (its guard's lock is free), and collect ends what is left on every node."""
+    f = faults_cluster
+    code, out = f.cli("launch", "--detach", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", "removed",
+                      "--", "--seconds", "300")
+    assert code == 0 and out["detached"], out
+    f.wait_running("removed")
+    (container,) = f.ranks("node-1", running_only=True)
+    f.node("node-1", f"docker rm -f {container}")
+    assert '"state": "running"' in f.node("node-1", "cat /var/lib/torchfleet/runs/removed/guard-0.json")
+    f.wait_no_running_ranks("node-2", NODE_TIMEOUT + MARGIN)
+    code, out = f.cli("status", "removed")
+    assert code == 0 and out["status"]["state"] == "failed", out
+    units = {host: node["units"] for host, node in out["status"]["nodes"].items()}
+    assert [(u["state"], u["recorded_state"]) for u in units["node-1"]] == [("gone", "running")], units
+    assert "lost the supervision store on node-1" in units["node-2"][0]["stopped_because"], units
+    code, out = f.cli("collect", "removed")
+    assert code == 5 and out["run"]["abort"]["kind"] == "node_lost", out
+    assert "step at" in (f.runs_dir / "removed" / "rank-1.log").read_text()
+    assert_nothing_left(f)

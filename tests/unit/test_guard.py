@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from harness import guard_folder
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, guard_child, guard_policy, run_vocab
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, guard_child, guard_policy, run_folder, run_vocab
 from torchfleet.report import PEER_ERROR_RE
 
 RANK = {"name": "tf-r-rank1", "host": "node-2", "role": "rank", "ranks": [1]}
@@ -504,3 +504,22 @@ def test_a_posted_abort_stops_the_unit_while_the_guards_loop_is_held(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_record_left_running_by_a_killed_guard_reads_as_gone(tmp_path):
+    """``docker rm -f`` of a rank's container kills its guard before it can write how the unit
+    ended: its record still says running. A reader of the run's folder tells that record from
+    a live one by the guard's lock, which the kernel lets go of however the guard ends."""
+    proc = _guard_frozen(tmp_path, "import time\nprint('training', flush=True)\ntime.sleep(3600)\n")
+    try:
+        unit = run_folder.read_run(str(tmp_path))["units"][0]
+        assert unit["state"] == "running" and "recorded_state" not in unit
+        proc.kill()
+        proc.wait(30)
+    finally:
+        proc.kill()
+    assert json.loads((tmp_path / "guard-1.json").read_text())["state"] == "running"
+    info = run_folder.read_run(str(tmp_path))
+    assert info["units"][0]["state"] == "gone" and info["units"][0]["recorded_state"] == "running"
+    # A worker's folder whose every unit ended: the master's record says how the run ended.
+    assert info["state"] == "exited"

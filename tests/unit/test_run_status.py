@@ -131,3 +131,38 @@ def test_a_stop_file_on_the_master_stops_the_run_well_within_a_poll(tmp_path):
     assert record["state"] == "stopped" and record["stopped_because"] == "stopped by the test"
     assert record["sigterm_at"] - asked < 3, record["sigterm_at"] - asked
     assert json.loads((run / run_vocab.JOB).read_text())["abort"]["kind"] == "stopped"
+
+
+def _hold(path):
+    """A live guard's hold on its lock file (run_vocab.guard_lock)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_masters_record_left_running_by_guards_that_are_gone_does_not_speak(tmp_path):
+    """The master's container removed under its guard: job.json still says running and is
+    fresh for a while, but no guard of the node is left to write the run's end. The folder
+    then reads as its units' records say, and a status takes the run's state from the abort
+    that the other nodes' guards recorded."""
+    run = master_folder(tmp_path, job())
+    (run / run_vocab.guard_record(0)).write_text(json.dumps({"unit": 0, "state": "running"}))
+    fd = _hold(run / run_vocab.guard_lock(0))
+    try:
+        info = run_folder.read_run(str(run), with_record=True)
+        assert info["state"] == "running" and info["record"]["state"] == "running"
+    finally:
+        os.close(fd)  # the guard is gone
+    info = run_folder.read_run(str(run), with_record=True)
+    assert info["job_state"] is None and info["record"] is None
+    assert info["units"][0]["state"] == "gone" and info["state"] == "exited"
+    lost = {"kind": "node_lost", "host": "node-2", "unit": 1, "reason": "the master node stopped answering"}
+    worker = {"job": "mnist", "state": "failed", "units": [{"name": "r-rank1", "state": "stopped", "abort": lost}]}
+    status = run_status.from_view({"nodes": {"node-1": info, "node-2": worker},
+                                   "master": {"host": "node-1", "found": True, "state": info["state"]}})
+    assert status["state"] == "failed" and status["abort"] == lost
+    stopped = dict(lost, kind="stopped", reason="asked")
+    worker["units"][0]["abort"] = stopped
+    assert run_status.from_view({"nodes": {"node-1": info, "node-2": worker}})["state"] == "stopped"

@@ -32,6 +32,7 @@ its state.
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import re
@@ -89,6 +90,7 @@ class Guard:
         self.grace = float(config.get("stop_grace", 5))
         self.start_timeout = float(config.get("start_timeout", 120))
         self.store = None
+        self.lock_fd: int | None = None
         self.connect_timeout = 1.0
         self.child: subprocess.Popen | None = None
         self.output: threading.Thread | None = None
@@ -144,6 +146,14 @@ class Guard:
             self.state["attempt"] = 1
             self.attempts.append(self._attempt_entry(policy.plan_attempt(config, [n["host"] for n in config["nodes"]], 1)))
 
+    def _hold_lock(self) -> None:
+        """Hold the unit's lock file until the guard ends, however it ends (run_vocab.guard_lock),
+        before the first record: a reader that takes the lock knows the record is final or
+        stale."""
+        self.lock_fd = os.open(os.path.join(self.run_dir, vocab.guard_lock(self.index)),
+                               os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+
     # -- the child --
 
     def start_child(self, env: dict | None = None) -> None:
@@ -154,6 +164,8 @@ class Guard:
 
         def forked_setup():
             own_group()
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)  # the guard's alone: the unit's life is not the guard's
             os.environ.update(env or {})
 
         target = policy.preload_target(self.argv, sys.executable)
@@ -303,6 +315,7 @@ class Guard:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
+        self._hold_lock()
         self.start_child()
         self._watch()
         return self._loop()

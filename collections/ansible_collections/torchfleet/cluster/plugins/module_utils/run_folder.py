@@ -6,6 +6,7 @@ makes a process-mode node's folder in the same call that starts its units.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -43,15 +44,45 @@ def _tail(path, lines):
         return []
 
 
+def guard_gone(run_dir, index):
+    """Whether unit ``index``'s guard has ended: nobody holds its lock (run_vocab.guard_lock).
+    False where there is no lock file (a guard that has not started yet)."""
+    try:
+        fd = os.open(os.path.join(run_dir, vocab.guard_lock(index)), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # lets go of a lock it took
+    return True
+
+
+def _unit_record(run_dir, state):
+    """A unit's record as it stands: one that still says it runs while its guard has ended
+    (its container removed under it, its node restarted) is gone."""
+    if state["state"] not in vocab.UNIT_FINAL and guard_gone(run_dir, int(state["unit"])):
+        return dict(state, state=vocab.UnitState.GONE.value, recorded_state=state["state"],
+                    stopped_because="its guard ended without recording how the unit ended")
+    return state
+
+
 def read_run(run_dir, tail_lines=0, with_spec=False, with_record=False):
     config = _json(os.path.join(run_dir, vocab.GUARD_CONFIG)) or {}
     units = {}
     for path in glob.glob(os.path.join(run_dir, vocab.GUARD_RECORDS)):
         state = _json(path)
         if state is not None:
-            units[int(state["unit"])] = state
+            units[int(state["unit"])] = _unit_record(run_dir, state)
     job_path = os.path.join(run_dir, vocab.JOB)
-    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": _json(job_path),
+    job = _json(job_path)
+    if job and job.get("state") == vocab.RunState.RUNNING and units and all(guard_gone(run_dir, i) for i in units):
+        # A guard of this node rewrites job.json while one lives: with every one gone, this
+        # "running" will never be followed by the run's end, and the units' records speak.
+        job = None
+    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": job,
             # The store's host rewrites job.json every poll; an old one means that guard is gone.
             "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
             "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, vocab.STOP)),

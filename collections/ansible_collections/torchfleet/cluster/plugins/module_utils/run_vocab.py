@@ -38,6 +38,7 @@ JOB = "job.json"  # the run's state, as the guard hosting the store (on the mast
 STOP = "stop"  # a stop asked for (torchfleet stop); its text is the reason
 SECRET_ENV = "node.secret.env"  # mpirun's ranks' secret environment, removed by the first guard to end
 GUARD_RECORDS = "guard-*.json"  # every unit's record, by its guard
+GUARD_LOCKS = "guard-*.lock"  # every unit's guard holds its own for its whole life (guard_lock)
 SUMMARY = "summary.json"  # the controller's report of the run (runs/<run_id>/ only)
 SBATCH_SCRIPT = "sbatch.sh"  # launch_mode slurm: the job as sbatch runs it (the master's folder)
 SLURM_JOB_ID = "slurm-job-id"  # launch_mode slurm: the id sbatch gave the job (the master's folder)
@@ -48,6 +49,13 @@ LOGS = "*.log"
 def guard_record(index: int) -> str:
     """Unit ``index``'s record, as its guard writes it."""
     return f"guard-{index}.json"
+
+
+def guard_lock(index: int) -> str:
+    """The file that unit ``index``'s guard holds a lock on (flock) while it lives: the kernel
+    lets go of it however the guard ends, so a record that was never finished (its container
+    removed, its node restarted) is known from one whose guard still runs."""
+    return f"guard-{index}.lock"
 
 
 def rank_unit(rank: int) -> str:
@@ -162,9 +170,12 @@ class UnitState(_Word):
     STOPPED = "stopped"  # its guard stopped it
     RESTARTING = "restarting"  # its attempt ended; its guard waits for the next one
     LEFT_OUT = "left_out"  # its node was lost and no later attempt took it
+    # Its guard ended without recording how (its container was removed under it, its node
+    # restarted): a reader's word for a record left at starting or running.
+    GONE = "gone"
 
 
-UNIT_FINAL = (UnitState.EXITED, UnitState.STOPPED, UnitState.LEFT_OUT)
+UNIT_FINAL = (UnitState.EXITED, UnitState.STOPPED, UnitState.LEFT_OUT, UnitState.GONE)
 
 
 class AbortKind(_Word):
