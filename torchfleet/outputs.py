@@ -26,11 +26,11 @@ VARIABLE = "launch_collect_out_max_mb"
 MB = 1 << 20
 # launch_collect_out_max_mb's bound: a TiB per node.
 MAX_MB = 1 << 20
-# The run folder's files that torchfleet writes whatever the mode: the spec, the guard with
-# the modules it imports (and Python's cache of them, a folder), its config and locks, the
+# The run folder's files that torchfleet writes whatever the mode: the spec, the guard and
+# the run's end with the modules they import (and Python's cache of them, a folder), its config and locks, the
 # mpirun environment files (one of them secret), the stop request, the run's state (on
 # the master) and the run's own checkpoint folder (large, and for the nodes).
-OWN = (vocab.SPEC, *vocab.GUARD_SOURCES, "__pycache__", vocab.GUARD_CONFIG, vocab.GUARD_LOCKS, "node.env",
+OWN = (vocab.SPEC, *vocab.NODE_SOURCES, "__pycache__", vocab.GUARD_CONFIG, vocab.GUARD_LOCKS, "node.env",
        vocab.SECRET_ENV, vocab.STOP, vocab.JOB, RUN_CHECKPOINTS)
 
 
@@ -52,6 +52,21 @@ def own_files(spec: Mapping[str, Any], host: str) -> list[str]:
             names.add(posixpath.basename(beat))
     names = sorted(n.replace("[", "[[]") for n in names)
     return names + [f"{n}.tmp*" for n in names]
+
+
+def collect_plan(spec: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """What collect_run needs of the run's spec on ``host``: the run's id, the node's ranks,
+    its files worth bringing (``wanted``: name on the node to name in runs/RUN/), the patterns
+    of torchfleet's own files (``own``) and how its units end (``end``: report.run_end). Each
+    node's task carries its own part: at 48 nodes, the whole spec templated into each node's
+    task cost the controller more CPU than the node's module run."""
+    return {"run_id": spec["run_id"], "ranks": sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host),
+            "wanted": dict(report.run_files(spec, host)), "own": own_files(spec, host), "end": report.run_end(spec)}
+
+
+def collect_plans(spec: Mapping[str, Any], hosts: list[str]) -> dict[str, dict[str, Any]]:
+    """collect_plan for each of ``hosts``, computed once for the play."""
+    return {host: collect_plan(spec, host) for host in hosts}
 
 
 def unpack(archive: str | Path, run_dir: str | Path, wanted: Mapping[str, str],
@@ -122,20 +137,19 @@ def _replace_dir(new: Path, dest: Path) -> None:
         os.replace(new, dest)
 
 
-def record(host: str, spec: Mapping[str, Any], node_run_dir: str, out_dir: str, found: Mapping[str, Any],
+def record(host: str, plan: Mapping[str, Any], node_run_dir: str, out_dir: str, found: Mapping[str, Any],
            max_mb: int) -> dict[str, Any]:
     """What came back of ``host``'s out folder, for summary.json, from run_outputs' result
-    ``found``; with ``message`` where the limit left files on the node."""
+    ``found`` (``plan``: the node's collect_plan); with ``message`` where the limit left files on the node."""
     files, size = found["total"]
     taken, taken_bytes = found["taken"]
     left, left_bytes = found["left"]
-    ranks = sorted(int(r["rank"]) for r in spec["ranks"] if r["host"] == host)
-    entry = {"host": host, "ranks": ranks, "dir": out_dir if taken else None, "files": files, "bytes": size,
+    entry = {"host": host, "ranks": list(plan["ranks"]), "dir": out_dir if taken else None, "files": files, "bytes": size,
              "taken_files": taken, "taken_bytes": taken_bytes, "left_files": left, "left_bytes": left_bytes,
              "left_largest": [list(f) for f in found.get("left_largest") or []], "max_mb": max_mb,
              "node_dir": node_run_dir, "message": None}
     if left:
-        entry["message"] = left_message(spec["run_id"], entry)
+        entry["message"] = left_message(plan["run_id"], entry)
     return entry
 
 

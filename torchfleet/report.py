@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import posixpath
 import re
 import signal
 from datetime import datetime, timezone
@@ -105,16 +104,15 @@ def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
                     for a, b in zip(attempts.attempt_logs(name, restarts), attempts.attempt_logs(local, restarts))]
 
 
-def run_end(spec: Mapping[str, Any], node_run_dir: str) -> dict[str, Any]:
+def run_end(spec: Mapping[str, Any]) -> dict[str, Any]:
     """What ends a run on a node before its files are collected (run_outputs' ``units`` and
     ``remove``), from the run's own spec: its units, by what runs them (a process-runtime
     run's units are processes, every other run's containers), each given the run's
     ``stop_wait`` to end by itself (its guard stops it) and then its ``stop_grace``; and the
-    node's secret environment file, which only the units needed."""
+    node's secret environment file, which only the units needed (a name in the run's folder)."""
     units = {"kind": "process" if spec.get("image") is None else "container", "run_id": spec["run_id"],
              "wait_s": spec["guard"]["stop_wait"], "grace_s": spec["guard"]["stop_grace"]}
-    remove = [posixpath.join(node_run_dir, vocab.SECRET_ENV)] if spec.get("secret_env_file") else []
-    return {"units": units, "remove": remove}
+    return {"units": units, "remove": [vocab.SECRET_ENV] if spec.get("secret_env_file") else []}
 
 
 def node_job(host: str) -> str:
@@ -433,7 +431,11 @@ def write_summary(summary: Mapping[str, Any], run_dir: str | Path) -> Path:
 
 
 def plot_losses(summary: Mapping[str, Any], run_dir: str | Path) -> str | None:
-    """A PNG of every rank's loss over steps; None where matplotlib is not installed."""
+    """A PNG of every rank's loss over steps; None where no rank printed a loss, or matplotlib
+    is not installed."""
+    curves = [row for row in summary["ranks"] if row["curve"]]
+    if not curves:
+        return None  # before matplotlib's import, which costs a stop half a second
     try:
         import matplotlib
 
@@ -442,15 +444,9 @@ def plot_losses(summary: Mapping[str, Any], run_dir: str | Path) -> str | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    plotted = False
-    for row in summary["ranks"]:
-        if row["curve"]:
-            steps, losses = zip(*row["curve"])
-            ax.plot(steps, losses, marker=".", label=f"rank {row['rank']} ({row['host']})")
-            plotted = True
-    if not plotted:
-        plt.close(fig)
-        return None
+    for row in curves:
+        steps, losses = zip(*row["curve"])
+        ax.plot(steps, losses, marker=".", label=f"rank {row['rank']} ({row['host']})")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -11,7 +11,7 @@ import pytest
 from test_spec import RUN_ID, build
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import out_folder
-from torchfleet import inputs, outputs, spec
+from torchfleet import inputs, outputs, report, spec
 
 # What the nodes' modules and guards write in a run folder, by mode and host (the spec's
 # prefix is tfjob; node-1 is the master with ranks 0 and 1, node-2 has rank 2).
@@ -152,10 +152,10 @@ def test_a_broken_archive_leaves_the_last_folder_and_no_partial_one(tmp_path):
 
 
 def test_the_message_names_the_node_its_ranks_what_stayed_and_how_to_get_it():
-    run_spec = spec.redacted(build("container"))
+    plans = outputs.collect_plans(spec.redacted(build("container")), ["node-1", "node-2"])
     found = {"total": [5, 12 << 20], "taken": [3, 1 << 20], "left": [2, 11 << 20],
              "left_largest": [["ckpt/b.pt", 8 << 20], ["ckpt/a.pt", 3 << 20]]}
-    entry = outputs.record("node-1", run_spec, "/var/lib/tfnode/runs/x", "/runs/x/out/node-1", found, 2)
+    entry = outputs.record("node-1", plans["node-1"], "/var/lib/tfnode/runs/x", "/runs/x/out/node-1", found, 2)
     assert entry["ranks"] == [0, 1] and entry["left_files"] == 2 and entry["left_bytes"] == 11 << 20
     message = entry["message"]
     assert message.startswith("node-1 (ranks 0, 1): 2 of the out folder's 5 files (11.0 MB of 12.0 MB) stayed")
@@ -163,7 +163,21 @@ def test_the_message_names_the_node_its_ranks_what_stayed_and_how_to_get_it():
     assert "node-1:/var/lib/tfnode/runs/x" in message
     assert message.endswith(f"torchfleet collect {RUN_ID} -e launch_collect_out_max_mb=12")
     whole = dict(found, taken=[5, 12 << 20], left=[0, 0], left_largest=[])
-    assert outputs.record("node-1", run_spec, "/n", "/o", whole, 1024)["message"] is None
+    assert outputs.record("node-1", plans["node-1"], "/n", "/o", whole, 1024)["message"] is None
+
+
+def test_each_nodes_plan_is_what_the_spec_says_of_that_node_alone():
+    """collect_plans: computed once from the spec, each node's task carries only its own part."""
+    run_spec = spec.redacted(build("container"))
+    plans = outputs.collect_plans(run_spec, ["node-1", "node-2", "node-9"])
+    for host in ("node-1", "node-2"):
+        assert plans[host]["wanted"] == dict(report.run_files(run_spec, host))
+        assert plans[host]["own"] == outputs.own_files(run_spec, host)
+        assert plans[host]["ranks"] == sorted(r["rank"] for r in run_spec["ranks"] if r["host"] == host)
+    assert "model.pt" in plans["node-1"]["wanted"] and "model.pt" not in plans["node-2"]["wanted"]
+    # A node that holds nothing of the run: nothing to bring, but its end still comes from the spec.
+    assert plans["node-9"]["wanted"] == {} and plans["node-9"]["ranks"] == []
+    assert plans["node-9"]["end"] == report.run_end(run_spec) and plans["node-9"]["run_id"] == run_spec["run_id"]
 
 
 @pytest.mark.parametrize("value, ok", [(-1, False), (0, True), (1024, True), (1 << 20, True), ((1 << 20) + 1, False),

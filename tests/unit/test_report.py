@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from torchfleet.report import choose_culprit, failure_message, format_table, parse_steps, run_files, summarize
 
 OK_LOG = """2026-11-22T03:46:10.166Z INFO     [rank {r}] Using distributed PyTorch with gloo backend
@@ -206,3 +208,15 @@ def test_torchrun_output_is_named_after_its_node_and_mpirun_output_comes_from_th
     mpirun = _spec("mpirun", ["node-2", "node-1"])
     assert ("mpirun.log", "mpirun.log") in run_files(mpirun, "node-1")
     assert not [f for f in run_files(mpirun, "node-2") if "mpirun" in f[0]]
+
+
+def test_the_loss_plot_is_drawn_only_where_a_rank_printed_a_loss(tmp_path):
+    from torchfleet.report import plot_losses
+
+    quiet = {"run_id": "r1", "ranks": [{"rank": 0, "host": "node-1", "curve": []}]}
+    assert plot_losses(quiet, tmp_path) is None and not (tmp_path / "loss.png").exists()
+    pytest.importorskip("matplotlib")
+    loud = {"run_id": "r1", "ranks": [{"rank": 0, "host": "node-1", "curve": [[1, 2.3], [2, 1.9]]},
+                                      {"rank": 1, "host": "node-2", "curve": []}]}
+    assert plot_losses(loud, tmp_path) == str(tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

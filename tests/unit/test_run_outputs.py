@@ -85,8 +85,56 @@ def test_a_node_without_the_run_answers_empty(tmp_path, capsys):
 
 def test_the_end_comes_from_the_runs_spec():
     spec = {"run_id": "r1", "image": None, "guard": {"stop_wait": 42.0, "stop_grace": 7}, "secret_env_file": True}
-    assert report.run_end(spec, "/var/lib/torchfleet/runs/r1") == {
-        "units": {"kind": "process", "run_id": "r1", "wait_s": 42.0, "grace_s": 7},
-        "remove": [f"/var/lib/torchfleet/runs/r1/{vocab.SECRET_ENV}"]}
+    assert report.run_end(spec) == {"units": {"kind": "process", "run_id": "r1", "wait_s": 42.0, "grace_s": 7},
+                                    "remove": [vocab.SECRET_ENV]}
     spec.update(image="torchfleet/train:1", secret_env_file=False)
-    assert report.run_end(spec, "/x")["units"]["kind"] == "container" and report.run_end(spec, "/x")["remove"] == []
+    assert report.run_end(spec)["units"]["kind"] == "container" and report.run_end(spec)["remove"] == []
+
+
+def _script(run, args):
+    """run_end.py as collect_run runs it: from the run's folder, which holds it and its modules
+    as a launch copies them (run_vocab.END_SOURCES), with no collection, PYTHONPATH or
+    Ansible in reach, its options on stdin."""
+    import shutil
+    import subprocess
+
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_end
+
+    for name in vocab.END_SOURCES + (vocab.VOCAB_SOURCE,):
+        shutil.copy(os.path.join(os.path.dirname(run_end.__file__), name), run / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([sys.executable, "-E", "-s", str(run / vocab.END_SOURCE)], input=json.dumps(args),
+                          capture_output=True, text=True, env=env, cwd="/", timeout=60)
+
+
+def test_the_run_folders_own_script_ends_and_packs_as_the_module_does(tmp_path):
+    run = tmp_path / "runs" / "r3"
+    run.mkdir(parents=True)
+    for rank in (0, 1):
+        _start(run, rank, "import time; print('training', flush=True); time.sleep(300)")
+    _until(run, lambda found: len(found) == 2 and all("training" in open(e["log"]).read() for e in found))
+    (run / vocab.SECRET_ENV).write_text("TOKEN=x\n")
+    (run / "metrics.csv").write_text("1,2\n")
+    done = _script(run, {"run_dir": str(run), "wanted": ["rank-0.log", "checksum-rank-0.txt"],
+                         "own": ["rank-*", "*.py", "__pycache__", vocab.SECRET_ENV, "*.lock"], "max_bytes": 1 << 20,
+                         "units": {"kind": "process", "run_id": "r3", "wait_s": 0, "grace_s": 1},
+                         "remove": [str(run / vocab.SECRET_ENV)], "stop_reason": "stopped by a test"})
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and not result.get("failed"), (done.stdout, done.stderr)
+    assert [(c["rank"], c["running"], c["stopped_by_torchfleet"]) for c in result["containers"]] == \
+        [(0, False, True), (1, False, True)]
+    assert not (run / vocab.SECRET_ENV).exists()
+    assert result["found"] == ["rank-0.log"] and result["taken"] == [1, 4]
+    assert _members(result) == {"run/rank-0.log": b"training\n", "out/metrics.csv": b"1,2\n"}
+    # Its modules came from the run's folder: Python cached them beside it.
+    cached = {p.name.split(".")[0] for p in (run / "__pycache__").iterdir()}
+    assert {"rank_files", "out_folder", "run_folder", "run_vocab"} <= cached
+
+
+def test_a_run_folders_script_that_does_not_know_an_option_leaves_the_call_to_the_module(tmp_path):
+    run = tmp_path / "runs" / "r4"
+    run.mkdir(parents=True)
+    done = _script(run, {"run_dir": str(run), "an_option_of_a_later_launch": True})
+    assert done.returncode == 3 and done.stdout == ""
+    done = _script(run, {"run_dir": str(run), "units": {"kind": "vm"}})
+    assert json.loads(done.stdout) == {"failed": True, "msg": "units.kind must be process or container, not 'vm'"}

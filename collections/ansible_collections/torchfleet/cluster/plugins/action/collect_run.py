@@ -3,21 +3,30 @@
 have had the run's own wait (torchfleet.report.run_end), then packs the node's files of the
 run (torchfleet.report.run_files says which) and the rest of the ranks' out folder, within
 launch_collect_out_max_mb, into one archive (torchfleet.outputs says which files are
-torchfleet's own). An archive up to INLINE_MAX comes back in the module's result; a larger
+torchfleet's own). What it needs of the run's spec comes as the node's own part
+(torchfleet.outputs.collect_plan), computed once for the play. An archive up to INLINE_MAX comes back in the module's result; a larger
 one is streamed by the connection into a temporary file and then deleted on the node. Each
 file is renamed into place whole, the out folder renamed over runs/<run>/out/<host>: a
-reader of runs/<run>/ never sees half a log, half a model or half an out folder."""
+reader of runs/<run>/ never sees half a log, half a model or half an out folder.
+
+The node's part runs as the script that the run's folder carries (module_utils/run_end.py),
+its options on stdin, where the folder has it and the connection pipelines: at 48 nodes on 2
+cores, the module wrapper's own imports made most of a stop's time. Elsewhere (an older run's
+folder, a node without the run) the module run_outputs runs the same code."""
 
 import base64
+import json
 import os
+import posixpath
 import shlex
 import tempfile
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import inputs, outputs, report
+from torchfleet import inputs, outputs
 from torchfleet.errors import InventoryError
 
 display = Display()
@@ -25,7 +34,7 @@ display = Display()
 ARGS = {
     "node_run_dir": {"type": "path", "required": True},
     "run_dir": {"type": "path", "required": True},
-    "spec": {"type": "dict", "required": True},
+    "plan": {"type": "dict", "required": True},
     "out_max_mb": {"type": "int", "default": 1024},
     "end_units": {"type": "bool", "default": False},
     "stop_reason": {"type": "str"},
@@ -43,22 +52,23 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = core.validate_args(self, ARGS)
-        host, run_spec, node_run_dir = task_vars["inventory_hostname"], args["spec"], args["node_run_dir"]
+        host, plan, node_run_dir = task_vars["inventory_hostname"], args["plan"], args["node_run_dir"]
         bad = inputs.out_of_range([{"name": outputs.VARIABLE, "value": args["out_max_mb"], "min": 0,
                                   "max": outputs.MAX_MB, "why": " (0: bring no out folder back)"}])
         if bad:
             return core.fail_input(result, InventoryError(bad[0]["message"], host, outputs.VARIABLE))
-        wanted = dict(report.run_files(run_spec, host))
+        wanted = plan["wanted"]
         out_dir = os.path.join(args["run_dir"], "out", host)
         os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-        module_args = {"run_dir": node_run_dir, "wanted": sorted(wanted), "own": outputs.own_files(run_spec, host),
+        module_args = {"run_dir": node_run_dir, "wanted": sorted(wanted), "own": plan["own"],
                        "max_bytes": args["out_max_mb"] * outputs.MB, "inline_max": INLINE_MAX}
         if args["end_units"]:
-            module_args.update(report.run_end(run_spec, node_run_dir))
+            module_args.update(units=plan["end"]["units"],
+                               remove=[posixpath.join(node_run_dir, name) for name in plan["end"]["remove"]])
         if args["stop_reason"] is not None:
             module_args["stop_reason"] = args["stop_reason"]
-        found = self._execute_module(module_name="torchfleet.cluster.run_outputs", module_args=module_args,
-                                     task_vars=task_vars)
+        found = self._end_on_node(module_args, task_vars) or self._execute_module(
+            module_name="torchfleet.cluster.run_outputs", module_args=module_args, task_vars=task_vars)
         if found.get("failed"):
             return dict(result, failed=True, msg=f"could not end or read {node_run_dir}: {found.get('msg')}",
                         containers=found.get("containers") or [])
@@ -78,8 +88,29 @@ class ActionModule(ActionBase):
                 fetched, _out = outputs.unpack(local, args["run_dir"], wanted, out_dir)
             finally:
                 os.unlink(local)
-        out = outputs.record(host, run_spec, node_run_dir, out_dir, found, args["out_max_mb"])
+        out = outputs.record(host, plan, node_run_dir, out_dir, found, args["out_max_mb"])
         if out["message"]:
             display.warning(out["message"])
         return dict(result, changed=bool(found["changed"] or fetched or found["taken"][0]), fetched=fetched, out=out,
                     containers=found["containers"])
+
+    def _end_on_node(self, module_args, task_vars):
+        """run_outputs' result from the run folder's own script (run_vocab.END_SOURCE), or None
+        where it did not answer: no such file there, no pipelining, no Python 3 to run it."""
+        if not self._is_pipelining_enabled("new"):
+            return None
+        facts = task_vars.get("ansible_facts") or {}
+        python = self._templar.template(task_vars.get("ansible_python_interpreter")
+                                        or facts.get("discovered_interpreter_python") or "python3")
+        if not python or python.startswith("auto"):
+            python = "python3"
+        # -E -s: the node's PYTHON* variables and user site have no say; the script's own
+        # folder stays first on its import path.
+        script = posixpath.join(module_args["run_dir"], vocab.END_SOURCE)
+        ran = self._low_level_execute_command(f"{shlex.quote(python)} -E -s {shlex.quote(script)}", sudoable=True,
+                                              in_data=json.dumps(module_args))
+        try:
+            found = json.loads(ran.get("stdout") or "")
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None

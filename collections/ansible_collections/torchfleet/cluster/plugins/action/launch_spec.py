@@ -48,9 +48,10 @@ class ActionModule(ActionBase):
         # node would get every other's guard config, the square of the cluster's size.
         kept = {k: v for k, v in redacted.items() if k != "files"}
         common = {run_vocab.SPEC: json.dumps(kept, sort_keys=True, separators=(",", ":"))}
-        # The guard, and beside it the modules it imports (the run's vocabulary among them).
+        # The guard and the run's end, and beside them the modules they import (the run's
+        # vocabulary among them).
         module_utils = os.path.dirname(run_vocab.__file__)
-        for name in run_vocab.GUARD_SOURCES:
+        for name in run_vocab.NODE_SOURCES:
             with open(os.path.join(module_utils, name)) as fh:
                 common[name] = fh.read()
         result.update(changed=False, spec=redacted, nodes=spec.redacted(nodes), common_files=common,

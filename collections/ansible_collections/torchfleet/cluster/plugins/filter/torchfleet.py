@@ -7,7 +7,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401  # pylint: disable=unused-import
-from torchfleet import attempts, cpus, hosts, inputs, overlay, preflight, ranks, redact, settings, slurm
+from torchfleet import attempts, cpus, hosts, inputs, outputs, overlay, preflight, ranks, redact, settings, slurm
 from torchfleet.errors import InventoryError
 
 
@@ -212,6 +212,7 @@ class FilterModule:
             "running_runs": running_runs,
             "run_master": run_master,
             "follow_order": attempts.follow_order,
+            "collect_plans": outputs.collect_plans,
             "files_to_copy": files_to_copy,
             "run_file": run_file,
             "plan_lines": plan_lines,

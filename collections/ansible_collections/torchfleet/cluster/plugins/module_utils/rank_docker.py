@@ -13,8 +13,12 @@ import os
 import re
 import time
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
-from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+except ImportError:  # on a node: run_end.py's, from the run's folder, where its modules lie beside it
+    import loader_libraries
+    import run_vocab as vocab
 
 # The part of each rank's environment worth keeping in the run report.
 REPORTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|"

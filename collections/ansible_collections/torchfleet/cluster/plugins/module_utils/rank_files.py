@@ -13,7 +13,10 @@ import signal
 import time
 from datetime import datetime, timezone
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+except ImportError:  # on a node: run_end.py's, from the run's folder, where its modules lie beside it
+    import run_vocab as vocab
 
 
 def iso(ts):

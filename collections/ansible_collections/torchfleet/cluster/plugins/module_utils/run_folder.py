@@ -14,8 +14,12 @@ import shutil
 import tarfile
 import time
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
+try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+    from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
+except ImportError:  # on a node: run_end.py's, from the run's folder, where its modules lie beside it
+    import run_vocab as vocab
+    from workload_files import install
 
 
 # job.json's keys of a run with restarts that a status shows (docs/recovery.md#the-record).

@@ -32,8 +32,13 @@ options:
     description: The run's folder on the controller (made if missing).
     type: path
     required: true
-  spec:
-    description: The run's launch spec; it says which files this node holds.
+  plan:
+    description:
+      - What the run's launch spec says of this node (torchfleet.outputs.collect_plan, as the
+        filter torchfleet.cluster.collect_plans gives it for each node).
+      - C(run_id), C(ranks), C(wanted) (the files it holds of the run, by their names on the
+        node and on the controller), C(own) (the patterns of torchfleet's own files) and
+        C(end) (how its units end).
     type: dict
     required: true
   out_max_mb:
@@ -41,7 +46,7 @@ options:
     type: int
     default: 1024
   end_units:
-    description: End the run's units on the node first, as the run's spec says (torchfleet.report.run_end).
+    description: End the run's units on the node first, as the run's spec says (I(plan)'s C(end), torchfleet.report.run_end).
     type: bool
     default: false
   stop_reason:
@@ -54,7 +59,7 @@ EXAMPLES = r"""
   torchfleet.cluster.collect_run:
     node_run_dir: /var/lib/torchfleet/runs/mnist-20260101-120000
     run_dir: runs/mnist-20260101-120000
-    spec: "{{ launch__spec }}"
+    plan: "{{ launch__collect_plans[inventory_hostname] }}"
     out_max_mb: 1024
     end_units: true
 """

@@ -117,85 +117,24 @@ containers:
   elements: dict
 """
 
-import base64
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker, rank_files
-from ansible_collections.torchfleet.cluster.plugins.module_utils.out_folder import archive, listing, pick
-from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import ask_stop
-
-# How many of the files left behind a result names; the count and bytes cover them all.
-LARGEST = 20
-
-
-def end_units(module, run_dir, units):
-    """The units' last states, and whether any had to be stopped here."""
-    wait_s, kind = float(units.get("wait_s") or 0), units.get("kind")
-    if kind == "process":
-        if not os.path.isdir(run_dir):
-            return [], False
-        return rank_files.end(module, run_dir, wait_s, float(units.get("grace_s") or 0))
-    if kind == "container":
-        docker, labels = units.get("docker_cli") or "docker", {"torchfleet.run": units["run_id"]}
-        containers = rank_docker.find(module, docker, labels)
-        if not containers:
-            return [], False
-        return rank_docker.remove(module, docker, containers, labels, wait_s, log_dir=run_dir), True
-    module.fail_json(msg=f"units.kind must be process or container, not {kind!r}")
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_end import DEFAULTS, end_and_pack
 
 
 def main():
     module = AnsibleModule(argument_spec={
         "run_dir": {"type": "path", "required": True},
-        "wanted": {"type": "list", "elements": "str", "default": []},
-        "own": {"type": "list", "elements": "str", "default": []},
-        "max_bytes": {"type": "int", "default": 0},
-        "pack": {"type": "bool", "default": True},
-        "inline_max": {"type": "int", "default": 4 << 20},
+        "wanted": {"type": "list", "elements": "str", "default": DEFAULTS["wanted"]},
+        "own": {"type": "list", "elements": "str", "default": DEFAULTS["own"]},
+        "max_bytes": {"type": "int", "default": DEFAULTS["max_bytes"]},
+        "pack": {"type": "bool", "default": DEFAULTS["pack"]},
+        "inline_max": {"type": "int", "default": DEFAULTS["inline_max"]},
         "units": {"type": "dict"},
-        "remove": {"type": "list", "elements": "path", "default": []},
+        "remove": {"type": "list", "elements": "path", "default": DEFAULTS["remove"]},
         "stop_reason": {"type": "str"},
     }, supports_check_mode=False)
-    p = module.params
-    asked = p["stop_reason"] is not None and os.path.isdir(p["run_dir"]) and ask_stop(p["run_dir"], p["stop_reason"])
-    finals, changed = end_units(module, p["run_dir"], p["units"]) if p["units"] else ([], False)
-    changed = changed or asked
-    for path in p["remove"]:
-        if os.path.lexists(path):
-            os.unlink(path)
-            changed = True
-    result = {"changed": changed, "containers": finals, "archive": None, "archive_b64": None}
-    if not os.path.isdir(p["run_dir"]):
-        module.exit_json(found=[], total=[0, 0], taken=[0, 0], left=[0, 0], left_largest=[], **result)
-    found = [n for n in p["wanted"] if os.path.isfile(os.path.join(p["run_dir"], n))]
-    files = listing(p["run_dir"], p["own"])
-    taken, left = pick(files, max(p["max_bytes"], 0))
-    packed_out = []
-    if p["pack"] and (found or taken):
-        # Beside the runs, not in the run's folder, where a later collect would count it.
-        fd, dest = tempfile.mkstemp(prefix=".collect-", suffix=".tar.gz", dir=os.path.dirname(p["run_dir"]))
-        # Readable as the run's files are: a become user's login fetches it.
-        os.fchmod(fd, 0o644)
-        os.close(fd)
-        packed = archive(p["run_dir"], [(n, f"run/{n}") for n in found] + [(f, f"out/{f}") for f, _size in taken],
-                         dest)
-        found = [n for n in found if f"run/{n}" in packed]
-        packed_out = [a[len("out/"):] for a in packed if a.startswith("out/")]
-        if os.path.getsize(dest) <= p["inline_max"]:
-            with open(dest, "rb") as fh:
-                result["archive_b64"] = base64.b64encode(fh.read()).decode()
-            os.unlink(dest)
-        else:
-            result["archive"] = dest
-    sizes = dict(taken)
-    module.exit_json(found=found, total=[len(files), sum(s for _path, s in files)],
-                     taken=[len(packed_out), sum(sizes[path] for path in packed_out)],
-                     left=[len(left), sum(s for _path, s in left)],
-                     left_largest=[list(f) for f in sorted(left, key=lambda f: (-f[1], f[0]))[:LARGEST]],
-                     **result)
+    module.exit_json(**end_and_pack(module, module.params))
 
 
 if __name__ == "__main__":
