@@ -60,11 +60,9 @@ def test_prepare_installs_the_workload_prunes_and_writes_and_refuses_folder_name
 
 def test_a_followed_run_answers_when_its_job_ends_not_after_the_whole_wait(tmp_path):
     """The master waits on job.json itself: a controller's call returns as the run ends."""
-    from ansible_collections.torchfleet.cluster.plugins.modules import run_state
-
     (tmp_path / "job.json").write_text(json.dumps({"state": "running"}))
     started = time.monotonic()
-    run_state.wait_for_end(str(tmp_path), wait=0.3, poll=0.05)
+    run_folder.wait_for_end(str(tmp_path), wait=0.3, poll=0.05)
     assert 0.3 <= time.monotonic() - started < 5  # still running: the whole wait
 
     def end():
@@ -75,7 +73,7 @@ def test_a_followed_run_answers_when_its_job_ends_not_after_the_whole_wait(tmp_p
     ender = threading.Thread(target=end)
     started = time.monotonic()
     ender.start()
-    run_state.wait_for_end(str(tmp_path), wait=30, poll=0.05)
+    run_folder.wait_for_end(str(tmp_path), wait=30, poll=0.05)
     ender.join()
     assert 0.3 <= time.monotonic() - started < 5
 
@@ -118,3 +116,32 @@ def test_a_run_says_whether_it_holds_its_spec(tmp_path):
     assert run_folder.read_run(str(tmp_path / "20261101-000000-a"))["has_spec"] is False
     run_folder.write_files(str(tmp_path / "20261101-000000-a"), {"spec.json": "{}\n"})
     assert run_folder.read_run(str(tmp_path / "20261101-000000-a"), with_spec=True)["has_spec"] is True
+
+
+def test_the_run_folders_own_read_answers_as_the_module_does(tmp_path):
+    """run_read.py as run_state's action runs it: from the run's folder, with no collection,
+    PYTHONPATH or Ansible in reach, its options on stdin. A stop asked of a running run is
+    written once; an option it does not know leaves the call to the module (no answer)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
+
+    _run(tmp_path, "r1", "running")
+    run = tmp_path / "r1"
+    for name in run_vocab.SCRIPT_SOURCES + (run_vocab.VOCAB_SOURCE,):
+        shutil.copy(os.path.join(os.path.dirname(run_folder.__file__), name), run / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+    def ask(**args):
+        done = subprocess.run([sys.executable, "-E", "-s", str(run / run_vocab.READ_SOURCE)], env=env, cwd="/",
+                              input=json.dumps(dict(args, run_dir=str(run))), capture_output=True, text=True, timeout=60)
+        return done.returncode, json.loads(done.stdout) if done.stdout else None
+
+    code, answer = ask(state="stopped", reason="stopped by a test", spec=True)
+    assert code == 0 and answer["changed"] and answer["found"], answer
+    assert answer["run"]["stop_requested"] and answer["run"]["units"][0]["state"] == "running"
+    assert (run / run_vocab.STOP).read_text() == "stopped by a test\n"
+    assert ask(state="stopped", reason="again")[1]["changed"] is False
+    assert ask(state="info", an_option_of_a_later_launch=1) == (3, None)

@@ -93,14 +93,14 @@ def test_the_end_comes_from_the_runs_spec():
 
 def _script(run, args):
     """run_end.py as collect_run runs it: from the run's folder, which holds it and its modules
-    as a launch copies them (run_vocab.END_SOURCES), with no collection, PYTHONPATH or
+    as a launch copies them (run_vocab.SCRIPT_SOURCES), with no collection, PYTHONPATH or
     Ansible in reach, its options on stdin."""
     import shutil
     import subprocess
 
     from ansible_collections.torchfleet.cluster.plugins.module_utils import run_end
 
-    for name in vocab.END_SOURCES + (vocab.VOCAB_SOURCE,):
+    for name in vocab.SCRIPT_SOURCES + (vocab.VOCAB_SOURCE,):
         shutil.copy(os.path.join(os.path.dirname(run_end.__file__), name), run / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     return subprocess.run([sys.executable, "-E", "-s", str(run / vocab.END_SOURCE)], input=json.dumps(args),

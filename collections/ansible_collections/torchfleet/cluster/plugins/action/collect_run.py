@@ -15,7 +15,6 @@ cores, the module wrapper's own imports made most of a stop's time. Elsewhere (a
 folder, a node without the run) the module run_outputs runs the same code."""
 
 import base64
-import json
 import os
 import posixpath
 import shlex
@@ -25,7 +24,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
+from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core, node_script
 from torchfleet import inputs, outputs
 from torchfleet.errors import InventoryError
 
@@ -67,7 +66,7 @@ class ActionModule(ActionBase):
                                remove=[posixpath.join(node_run_dir, name) for name in plan["end"]["remove"]])
         if args["stop_reason"] is not None:
             module_args["stop_reason"] = args["stop_reason"]
-        found = self._end_on_node(module_args, task_vars) or self._execute_module(
+        found = node_script.run(self, task_vars, node_run_dir, vocab.END_SOURCE, module_args) or self._execute_module(
             module_name="torchfleet.cluster.run_outputs", module_args=module_args, task_vars=task_vars)
         if found.get("failed"):
             return dict(result, failed=True, msg=f"could not end or read {node_run_dir}: {found.get('msg')}",
@@ -93,24 +92,3 @@ class ActionModule(ActionBase):
             display.warning(out["message"])
         return dict(result, changed=bool(found["changed"] or fetched or found["taken"][0]), fetched=fetched, out=out,
                     containers=found["containers"])
-
-    def _end_on_node(self, module_args, task_vars):
-        """run_outputs' result from the run folder's own script (run_vocab.END_SOURCE), or None
-        where it did not answer: no such file there, no pipelining, no Python 3 to run it."""
-        if not self._is_pipelining_enabled("new"):
-            return None
-        facts = task_vars.get("ansible_facts") or {}
-        python = self._templar.template(task_vars.get("ansible_python_interpreter")
-                                        or facts.get("discovered_interpreter_python") or "python3")
-        if not python or python.startswith("auto"):
-            python = "python3"
-        # -E -s: the node's PYTHON* variables and user site have no say; the script's own
-        # folder stays first on its import path.
-        script = posixpath.join(module_args["run_dir"], vocab.END_SOURCE)
-        ran = self._low_level_execute_command(f"{shlex.quote(python)} -E -s {shlex.quote(script)}", sudoable=True,
-                                              in_data=json.dumps(module_args))
-        try:
-            found = json.loads(ran.get("stdout") or "")
-        except ValueError:
-            return None
-        return found if isinstance(found, dict) else None

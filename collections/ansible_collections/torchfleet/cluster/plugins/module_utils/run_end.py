@@ -7,7 +7,7 @@ rest of its ranks' out folder within ``max_bytes`` into one archive, returned in
 ``inline_max`` bytes.
 
 Two callers share it. The module run_outputs runs it under Ansible's module wrapper, on any
-node. And every run's folder carries this file with its modules (run_vocab.END_SOURCES),
+node. And every run's folder carries this file with its modules (run_vocab.SCRIPT_SOURCES),
 as it carries the guard, so that collect_run can run it there as a script, with its
 options as JSON on stdin: no module wrapper, whose own imports cost a node four times what
 the end itself does (0.3 s of CPU against 0.05 s), 48 times over on a 48-node stop.

@@ -107,6 +107,38 @@ def read_run(run_dir, tail_lines=0, with_spec=False, with_record=False):
     return info
 
 
+def wait_for_end(run_dir, wait, poll):
+    """Until the store's host writes an end to job.json, for at most ``wait`` seconds (also
+    while the run's folder or job.json is not there yet)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(run_dir, vocab.JOB)) as fh:
+                if json.load(fh).get("state") != vocab.RunState.RUNNING:
+                    return
+        except (OSError, ValueError):
+            pass  # not written yet, or being replaced
+        time.sleep(max(0.05, min(poll, deadline - time.monotonic())))
+
+
+def one_run(run_dir, state="info", reason=None, tail_lines=0, spec=False, record=False, wait=0.0, poll=0.5,
+            check=False):
+    """run_state's answer for one run (its options of that name): the run's folder read, after
+    waiting for its end (``wait``) or asking its stop (``state=stopped``)."""
+    if state == "info" and wait > 0:
+        wait_for_end(run_dir, wait, poll)
+    if not os.path.isdir(run_dir):
+        return {"changed": False, "found": False, "run": None}
+    changed = False
+    if state == "stopped":
+        if check:
+            info = read_run(run_dir)
+            changed = info["state"] == vocab.RunState.RUNNING and not info["stop_requested"]
+        else:
+            changed = ask_stop(run_dir, reason)
+    return {"changed": changed, "found": True, "run": read_run(run_dir, tail_lines, spec, record)}
+
+
 def ask_stop(run_dir, reason=None):
     """Write the run's stop file, which its guards watch, where the run still runs and no
     stop was asked yet; whether it was written."""

@@ -34,12 +34,14 @@ VOCAB_SOURCE = "run_vocab.py"  # this file, beside the guard that imports it
 # The guard and the module_utils it imports, copied together from the collection: the
 # script's own folder comes first on its import path, so it finds them with no path set.
 GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", "guard_sync.py", VOCAB_SOURCE)
-# The run's end on the node (module_utils/run_end.py) and the modules it imports, copied the
-# same way: collect_run runs it there as a script, without Ansible's module wrapper.
+# The run's end on the node (module_utils/run_end.py: collect_run) and its read (run_read.py:
+# run_state with a run id), with the modules they import, copied the same way: the actions
+# run them there as scripts, without Ansible's module wrapper (plugin_utils/node_script.py).
 END_SOURCE = "run_end.py"
-END_SOURCES = (END_SOURCE, "rank_docker.py", "loader_libraries.py", "rank_files.py", "out_folder.py", "run_folder.py",
-               "workload_files.py")
-NODE_SOURCES = GUARD_SOURCES + END_SOURCES  # every file of the collection that a run's folder holds
+READ_SOURCE = "run_read.py"
+SCRIPT_SOURCES = (END_SOURCE, READ_SOURCE, "rank_docker.py", "loader_libraries.py", "rank_files.py", "out_folder.py",
+                  "run_folder.py", "workload_files.py")
+NODE_SOURCES = GUARD_SOURCES + SCRIPT_SOURCES  # every file of the collection that a run's folder holds
 JOB = "job.json"  # the run's state, as the guard hosting the store (on the master) writes it
 STOP = "stop"  # a stop asked for (torchfleet stop); its text is the reason
 SECRET_ENV = "node.secret.env"  # mpirun's ranks' secret environment, removed by the first guard to end

@@ -196,9 +196,7 @@ workload:
 """
 
 import glob
-import json
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -207,23 +205,10 @@ from ansible_collections.torchfleet.cluster.plugins.module_utils import run_voca
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
     PrepareError,
     ask_stop,
+    one_run,
     prepare,
     read_run,
 )
-
-
-def wait_for_end(run_dir, wait, poll):
-    """Until the store's host writes an end to job.json, for at most ``wait`` seconds (also
-    while the run's folder or job.json is not there yet)."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            with open(os.path.join(run_dir, vocab.JOB)) as fh:
-                if json.load(fh).get("state") != vocab.RunState.RUNNING:
-                    return
-        except (OSError, ValueError):
-            pass  # not written yet, or being replaced
-        time.sleep(max(0.05, min(poll, deadline - time.monotonic())))
 
 
 def main():
@@ -267,19 +252,8 @@ def main():
             done.update(changed=True, leftovers=left)
         module.exit_json(**done, invocation=invocation)
     if p["run_id"]:
-        run_dir = os.path.join(runs_dir, p["run_id"])
-        if p["state"] == "info" and p["wait"] > 0:
-            wait_for_end(run_dir, p["wait"], p["poll"])
-        if not os.path.isdir(run_dir):
-            module.exit_json(changed=False, found=False, run=None)
-        changed = False
-        if p["state"] == "stopped":
-            if module.check_mode:
-                info = read_run(run_dir)
-                changed = info["state"] == vocab.RunState.RUNNING and not info["stop_requested"]
-            else:
-                changed = ask_stop(run_dir, p["reason"])
-        module.exit_json(changed=changed, found=True, run=read_run(run_dir, p["tail_lines"], p["spec"], p["record"]))
+        module.exit_json(**one_run(os.path.join(runs_dir, p["run_id"]), p["state"], p["reason"], p["tail_lines"],
+                                   p["spec"], p["record"], p["wait"], p["poll"], module.check_mode))
 
     runs = [read_run(d) for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
     if p["state"] == "stopped":
