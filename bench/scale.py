@@ -20,7 +20,7 @@ nothing heavy. For each size it measures:
   - `stop` (Run.stop) until every rank has stopped, and the call's own wall time (until
     every guard is gone and the logs are collected);
   - the controller's floors for those, through the same runner as the API: a playbook that
-    runs one bare module on the master only (what a status or a stop's first contact cannot
+    runs one bare command on the master only (what a status or a stop's first contact cannot
     go below), and one on every node (what a stop that collects from every node cannot); a
     stop's ranks cannot stop before the first floor plus the crash's own stop;
   - the machine's floor for a crash: one process on a node, torch imported as a guard has
@@ -212,19 +212,20 @@ def recorded(count: int, run_id: str, field: str) -> list[dict]:
         [x for x in s if x.get(field)]) >= count and s, 120, f"{count} guards to record {field}", every=3)
 
 
-# The controller's floors for a status and a stop (see the docstring): one bare module run
-# on the master, and on every node, in playbooks of nothing else.
+# The controller's floors for a status and a stop (see the docstring): one bare command on
+# the master, and on every node, in playbooks of nothing else. A command, not a module run:
+# status and stop run the run folder's own scripts there, below a module run's cost.
 CONTACT_PLAYBOOK = """
-- name: a bare module run on {what}
+- name: a bare command on {what}
   hosts: torchfleet_nodes{pick}
   gather_facts: false
   tasks:
-    - {{name: a module run, ansible.builtin.ping: {{}}}}
+    - {{name: a command, ansible.builtin.raw: "true"}}
 """
 
 
 def contact_floor(cluster: torchfleet.Cluster, folder: Path, pick: str) -> float:
-    """Wall seconds of a playbook that runs one bare module on the nodes ``pick`` selects
+    """Wall seconds of a playbook that runs one bare command on the nodes ``pick`` selects
     ("[0]": the master; "": every node), through the API's own runner; the median of three."""
     book = folder / f"contact{pick.strip('[]') or '-all'}.yml"
     book.write_text(CONTACT_PLAYBOOK.format(what="the master" if pick else "every node", pick=pick))
@@ -468,8 +469,8 @@ def main() -> None:
               f"{r['stop_call_s'] / r['all_floor_s']:>7.2f}x")
     print("goals: status at 48 nodes <= 2 s and <= 1.5x its 3-node time; every rank stopped within 1 s of the stop "
           "call's start; the stop call <= 10 s")
-    print("floors: status, a bare module run on the master alone; stop->stopped, that plus crash->stopped; the stop "
-          "call, a bare module run on every node (a stop collects from each)")
+    print("floors: status, a bare command on the master alone; stop->stopped, that plus crash->stopped; the stop "
+          "call, a bare command on every node (a stop collects from each)")
     top = results[biggest]
     print(f"\nAnsible's own floor here at {biggest} nodes, CPU per node: a skipped task {floor['skip_s'] * 1000:.0f} ms, "
           f"a module run {floor['module_s'] * 1000:.0f} ms; the submit costs "
