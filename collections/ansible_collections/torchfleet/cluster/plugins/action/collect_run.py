@@ -4,10 +4,11 @@ have had the run's own wait (torchfleet.report.run_end), then packs the node's f
 run (torchfleet.report.run_files says which) and the rest of the ranks' out folder, within
 launch_collect_out_max_mb, into one archive (torchfleet.outputs says which files are
 torchfleet's own). What it needs of the run's spec comes as the node's own part
-(torchfleet.outputs.collect_plan), computed once for the play. An archive up to INLINE_MAX comes back in the module's result; a larger
-one is streamed by the connection into a temporary file and then deleted on the node. Each
-file is renamed into place whole, the out folder renamed over runs/<run>/out/<host>: a
-reader of runs/<run>/ never sees half a log, half a model or half an out folder.
+(torchfleet.outputs.collect_plan), computed once for the play. An archive up to INLINE_MAX
+comes back in the result; a larger one is streamed by the connection into a temporary file
+and then deleted on the node. Each file is renamed into place whole, the out folder renamed
+over runs/<run>/out/<host>: a reader of runs/<run>/ never sees half a log, half a model or
+half an out folder.
 
 The node's part runs as the script that the run's folder carries (module_utils/run_end.py),
 its options on stdin, where the folder has it and the connection pipelines: at 48 nodes on 2

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 try:
     from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-except ImportError:  # on a node: run_end.py's, from the run's folder, where its modules lie beside it
+except ImportError:  # on a node: a script's in the run's folder (run_vocab.SCRIPT_SOURCES), its modules beside it
     import run_vocab as vocab
 
 

@@ -17,7 +17,7 @@ import time
 try:
     from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
     from ansible_collections.torchfleet.cluster.plugins.module_utils.workload_files import install
-except ImportError:  # on a node: run_end.py's, from the run's folder, where its modules lie beside it
+except ImportError:  # on a node: a script's in the run's folder (run_vocab.SCRIPT_SOURCES), its modules beside it
     import run_vocab as vocab
     from workload_files import install
 
