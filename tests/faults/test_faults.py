@@ -304,7 +304,8 @@ def test_a_masters_container_removed_under_its_guard_reads_as_gone(faults_cluste
     """`docker rm -f` of the master's rank container, as a launch's end that lost the master
     does, takes its guard before it writes how its unit ended: the record still says running.
     The other guard stops its rank for the lost store. Status says failed, with the master's
-    unit gone (its guard's lock is free), and collect ends what is left on every node."""
+    unit gone (its guard's lock is free), and collect ends what is left on every node, also
+    where the run's folder lacks its own end script."""
     f = faults_cluster
     code, out = f.cli("launch", "--detach", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", "removed",
                       "--", "--seconds", "300")
@@ -319,6 +320,9 @@ def test_a_masters_container_removed_under_its_guard_reads_as_gone(faults_cluste
     units = {host: node["units"] for host, node in out["status"]["nodes"].items()}
     assert [(u["state"], u["recorded_state"]) for u in units["node-1"]] == [("gone", "running")], units
     assert "lost the supervision store on node-1" in units["node-2"][0]["stopped_because"], units
+    # As a run launched before the run folder's scripts would be: node-2 then ends and packs
+    # its part through the module.
+    f.node("node-2", "rm /var/lib/torchfleet/runs/removed/run_end.py")
     code, out = f.cli("collect", "removed")
     assert code == 5 and out["run"]["abort"]["kind"] == "node_lost", out
     assert "step at" in (f.runs_dir / "removed" / "rank-1.log").read_text()
