@@ -41,7 +41,8 @@ def test_a_rank_left_running_is_stopped_after_its_wait_and_everything_comes_back
     _start(run, 0, "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True);"
                    " time.sleep(60)")
     _start(run, 1, "print('done')")
-    _until(run, lambda found: len(found) == 2 and found[1]["exit_code"] == 0 and "up" in open(found[0]["log"]).read())
+    _until(run, lambda found: len(found) == 2 and found[1]["exit_code"] == 0 and os.path.exists(found[0]["log"])
+           and "up" in open(found[0]["log"]).read())
     (run / vocab.SECRET_ENV).write_text("TOKEN=x\n")
     (run / "metrics.json").write_text("{}")
     result = _run(capsys, run_dir=str(run), wanted=["rank-0.log", "rank-1.log", "job.json"], own=["rank-*"],
@@ -112,7 +113,8 @@ def test_the_run_folders_own_script_ends_and_packs_as_the_module_does(tmp_path):
     run.mkdir(parents=True)
     for rank in (0, 1):
         _start(run, rank, "import time; print('training', flush=True); time.sleep(300)")
-    _until(run, lambda found: len(found) == 2 and all("training" in open(e["log"]).read() for e in found))
+    _until(run, lambda found: len(found) == 2 and all(os.path.exists(e["log"]) and "training" in open(e["log"]).read()
+                                                      for e in found), timeout=60)
     (run / vocab.SECRET_ENV).write_text("TOKEN=x\n")
     (run / "metrics.csv").write_text("1,2\n")
     done = _script(run, {"run_dir": str(run), "wanted": ["rank-0.log", "checksum-rank-0.txt"],
