@@ -19,13 +19,28 @@ from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_po
 pytest.importorskip("torch.distributed")
 
 UNIT = r"""
-import os, sys, time
+import json, os, sys, time
 env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHFLEET_RESTART_COUNT")}
 print("saw " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
 attempt = int(os.environ.get("TORCHFLEET_RESTART_COUNT") or 0) + 1
 crash_rank, crash_on, seconds, crash_after = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+marks = sys.argv[5]
 crashing = int(os.environ["RANK"]) == crash_rank and (crash_on == attempt or crash_on == -1)
-time.sleep(crash_after if crashing else 0.5)
+def ended(r):
+    try:
+        with open(os.path.join(marks, f"n{r}", "run", f"guard-{r}.json")) as fh:
+            return json.load(fh).get("child_exit_code") == 0
+    except (OSError, ValueError):
+        return False
+if crashing and crash_after < 0:
+    # Once every other rank's guard has seen its rank exit 0, however late a loaded machine
+    # started it.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(ended(r) for r in range(int(os.environ["WORLD_SIZE"]))
+                                                  if r != crash_rank):
+        time.sleep(0.05)
+else:
+    time.sleep(crash_after if crashing else 0.5)
 if crashing:
     print("crashing now", flush=True)
     os._exit(3)
@@ -77,7 +92,8 @@ class Cluster:
             # Wrapped in a shell, the unit is started (Popen) instead of forked from its guard.
             wrapper = ["sh", "-c", 'exec "$0" "$@"'] if wrapped else []
             argv = [sys.executable, str(folder / run_vocab.GUARD_SOURCE), str(folder / run_vocab.GUARD_CONFIG), str(i),
-                    "--", *wrapper, sys.executable, str(script), str(crash[0]), str(crash[1]), str(seconds), str(crash_after)]
+                    "--", *wrapper, sys.executable, str(script), str(crash[0]), str(crash[1]), str(seconds), str(crash_after),
+                    str(tmp_path)]
             # As the launch starts a unit: the first attempt's numbers in its environment.
             env = dict(os.environ, RANK=str(i), WORLD_SIZE=str(len(NODES)), MASTER_ADDR="127.0.0.1",
                        TORCHFLEET_RESTART_COUNT="0")
@@ -163,7 +179,7 @@ def test_a_crash_restarts_every_rank_on_the_same_nodes(cluster, wrapped):
 def test_a_rank_that_finished_runs_again_when_another_fails_in_its_attempt(cluster):
     # Ranks 0 and 2 end cleanly, then rank 1 crashes: their guards wait for the attempt's
     # outcome, as torchelastic's exit barrier does, and every node takes part in the next.
-    c = cluster(1, crash=(1, 1), seconds=0.2, crash_after=4.0)
+    c = cluster(1, crash=(1, 1), seconds=0.2, crash_after=-1)
     assert c.wait() == [0, 0, 0], [p.stderr.read()[-2000:] for p in c.procs]
     job = c.job(0)
     assert job["state"] == "succeeded", job
