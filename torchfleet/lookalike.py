@@ -9,6 +9,7 @@ node is touched.
 from __future__ import annotations
 
 import difflib
+import functools
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -85,8 +86,9 @@ INVENTORY_NAMES: frozenset[str] = frozenset(
 
 
 def _load(path: Path) -> Any:
+    # libyaml's loader where PyYAML has it: every playbook's first play reads these files.
     with path.open(encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def known_names(roles_dir: str | Path) -> set[str]:
@@ -134,12 +136,17 @@ def unprefixed(known: Iterable[str]) -> dict[str, str]:
     return found
 
 
+@functools.lru_cache(maxsize=4)
+def _index(known: frozenset[str]) -> tuple[list[str], dict[str, str]]:
+    # Once per inventory check, not once per host.
+    return sorted(known), unprefixed(known)
+
+
 def lookalikes(host: str, names: Iterable[str], known: set[str]) -> list[dict[str, Any]]:
     """Warnings for the host's variables that torchfleet would silently ignore: names from
     guides (``rank``), a variable without its role's prefix (``command``) and misspelt
     torchfleet names (``launch_master_prot``)."""
-    candidates = sorted(known)
-    bare = unprefixed(known)
+    candidates, bare = _index(frozenset(known))
     warnings = []
     for name in sorted(set(names)):
         if name in known or _internal(name):

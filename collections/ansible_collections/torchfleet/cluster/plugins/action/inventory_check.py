@@ -30,13 +30,15 @@ class ActionModule(ActionBase):
             names = hosts.group_hosts(task_vars["groups"], args["group"])
         except InventoryError as exc:
             return core.fail_input(result, exc)
+        # hostvars[h] gathers the host's variables again on every access.
+        own = {h: hostvars[h] for h in names}
         known = lookalike.known_names(Path(args["roles_dir"])) | SET_BY_TASKS
-        warnings = lookalike.merged([w for h in names for w in lookalike.lookalikes(h, list(hostvars[h]), known)])
+        warnings = lookalike.merged([w for h in names for w in lookalike.lookalikes(h, list(own[h]), known)])
         for w in warnings:
             display.warning(w["message"])
         result["torchfleet_warnings"] = warnings
         try:
-            read = {h: self._templar.template({k: hostvars[h][k] for k in _READ if k in hostvars[h]}) for h in names}
+            read = {h: self._templar.template({k: own[h][k] for k in _READ if k in own[h]}) for h in names}
             for run_id in sorted({str(v["launch_run_id"]) for v in read.values() if v.get("launch_run_id")}):
                 inputs.check_run_id(run_id)
             hosts.refuse_shared_targets({h: hosts.connection_target(h, read[h]) for h in names})
