@@ -205,6 +205,8 @@ def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Map
             final["stopped_because"] = guard.get("stopped_because")
             if guard["state"] == vocab.UnitState.LEFT_OUT:
                 final["left_out"] = True
+            if guard.get("not_started"):
+                final["not_started"] = True
             if guard.get("exit_code") is not None:
                 final["exit_code"] = guard["exit_code"]
         out.append(final)
@@ -216,7 +218,8 @@ def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Map
                     "started_at": guard.get("started_at"), "finished_at": guard.get("ended_at"),
                     "stopped_by_torchfleet": guard["state"] == vocab.UnitState.STOPPED,
                     "stopped_because": guard.get("stopped_because"),
-                    "left_out": guard["state"] == vocab.UnitState.LEFT_OUT})
+                    "left_out": guard["state"] == vocab.UnitState.LEFT_OUT,
+                    "not_started": bool(guard.get("not_started"))})
     return out
 
 
@@ -233,8 +236,9 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
     did not arrive (``logs_missing``) and are still on them.
 
     ``finals`` holds one mapping per rank as the node-side module reported it before
-    removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet. When the
-    master never opened MASTER_PORT, the workers were never started: they are not to blame.
+    removal: rank, exit_code, started_at, finished_at, stopped_by_torchfleet, not_started.
+    When the master never opened MASTER_PORT, the workers' guards never started them (or,
+    from an older launch, their containers were never made): they are not to blame.
     Each row keeps the spec its rank ran with; a rank's own container, where it has one,
     reports its cpuset instead.
     """
@@ -255,6 +259,9 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         exit_code = final.get("exit_code")
         if final.get("left_out") or (last_nodes is not None and entry["host"] not in last_nodes):
             outcome = LEFT_OUT
+        elif final.get("not_started"):
+            # Its guard was still waiting for the master to listen when the run ended.
+            outcome, exit_code = "not started", None
         elif final.get("stopped_by_torchfleet"):
             outcome = "stopped"
         elif exit_code == 0:

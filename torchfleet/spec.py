@@ -185,8 +185,9 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         "stop_grace": settings["stop_grace"], "start_timeout": settings["start_timeout"],
         "stop_wait": settings["stop_wait"], "peer_error": PEER_ERROR_RE.pattern,
         "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
-                   "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u), "attempt": u.attempt}
-                  for u in units],
+                   "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u), "attempt": u.attempt,
+                   "listen": u.listen, "after": after}
+                  for u, after in zip(units, start_after(units))],
         "max_restarts": settings["max_restarts"], "min_nodes": settings["min_nodes"] or len(order),
         "restart_backoff": settings["restart_backoff"], "rejoin_timeout": settings["rejoin_timeout"],
         "checkpoint_shared": settings["checkpoint_shared"],
@@ -194,6 +195,13 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         "store_candidates": [{"node": n["host"], "host": n["address"], "port": settings["port"], "unit": firsts[n["host"]]}
                              for n in order],
     }
+
+
+def start_after(units: list[Unit]) -> list[list[int]]:
+    """For each unit, the units whose listen its guard waits for before it starts the unit:
+    every unit of an earlier phase that listens (the master's MASTER_PORT, mpirun's sshd).
+    The controller starts every node's units at once; the guards keep the order."""
+    return [[j for j, other in enumerate(units) if other.listen and other.phase < unit.phase] for unit in units]
 
 
 def restart_nodes(table: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -236,14 +244,19 @@ def node_entry(host: str, table: Mapping[str, Any], mode: str, probe: Mapping[st
     }
 
 
-def unit_index(units: list[Mapping[str, Any]], phased: bool = True) -> dict[str, dict[str, list[int]]]:
-    """Each host's units by start phase, as indexes into ``units`` (the spec's): a start task looks
-    up its own, where filtering every node's units would cost each node the cluster's size.
-    Not ``phased`` (LaunchMode.phased_start): every node starts at once, in phase 0."""
-    index: dict[str, dict[str, list[int]]] = {}
+def unit_index(units: list[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """Each host's units, as indexes into ``units`` (the spec's): a start task looks up its
+    own, where filtering every node's units would cost each node the cluster's size. Every
+    node starts its units at once; a unit of a later phase waits in its guard."""
+    index: dict[str, list[int]] = {}
     for i, unit in enumerate(units):
-        index.setdefault(str(unit["host"]), {}).setdefault(str(unit["phase"] if phased else 0), []).append(i)
+        index.setdefault(str(unit["host"]), []).append(i)
     return index
+
+
+def listen_hosts(units: list[Mapping[str, Any]]) -> list[str]:
+    """The hosts with a unit that listens: the launch waits there until it answers."""
+    return sorted({str(u["host"]) for u in units if u.get("listen")})
 
 
 def redacted(spec: LaunchSpec | Mapping[str, Any]) -> dict[str, Any]:

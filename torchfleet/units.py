@@ -30,7 +30,8 @@ class Unit:
     host: str
     kind: str  # container | process
     role: str  # rank | torchrun | sshd | mpirun
-    # Phase 0 starts first; every later phase waits until the earlier one's listen ports answer.
+    # Phase 0 starts first; a unit of a later phase waits, in its guard, until every earlier
+    # unit's listen port answers (spec.start_after).
     phase: int
     argv: list[str]
     env: dict[str, str]

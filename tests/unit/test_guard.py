@@ -4,12 +4,14 @@ The guard with a real TCPStore runs in the fault matrix (tests/faults) on the do
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import types
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -523,3 +525,78 @@ def test_a_record_left_running_by_a_killed_guard_reads_as_gone(tmp_path):
     assert info["units"][0]["state"] == "gone" and info["units"][0]["recorded_state"] == "running"
     # A worker's folder whose every unit ended: the master's record says how the run ended.
     assert info["state"] == "exited"
+
+
+def _phased_guards(tmp_path, master_script: str, worker_script: str) -> tuple[Path, list[subprocess.Popen]]:
+    """Two real guards with torch's TCPStore: unit 0, the master's rank, hosts the store and
+    listens on a port of its own; unit 1 starts after it (the spec's ``after``)."""
+    run, port = guard_folder(tmp_path)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        listen_port = free.getsockname()[1]
+    master = dict(RANK, name="tf-r-rank0", host="node-1", ranks=[0], log=str(run / "rank0.log"),
+                  listen={"host": "127.0.0.1", "port": listen_port}, after=[])
+    worker = dict(RANK, log=str(run / "rank1.log"), listen=None, after=[0])
+    config = {"units": [master, worker], "store_unit": 0, "node_timeout": 10, "run_id": "r", "job": "j",
+              "poll_interval": 0.2, "stop_grace": 1, "store": {"host": "127.0.0.1", "port": port, "node": "node-1"}}
+    (run / "guard.json").write_text(json.dumps(config))
+    scripts = []
+    for i, source in enumerate((master_script, worker_script)):
+        scripts.append(tmp_path / f"unit{i}.py")
+        scripts[-1].write_text(source.replace("PORT", str(listen_port)).replace("DIR", str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    procs = [subprocess.Popen([sys.executable, str(run / run_vocab.GUARD_SOURCE), str(run / "guard.json"), str(i), "--",
+                               sys.executable, str(scripts[i])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=env, cwd=tmp_path) for i in (1, 0)]
+    return run, procs
+
+
+MASTER_LISTENS_LATE = """import socket, time
+time.sleep(1.5)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", PORT)); s.listen()
+open("DIR/listening", "w").write(repr(time.time()))
+time.sleep(2)
+"""
+WORKER = """import time
+open("DIR/worker_started", "w").write(repr(time.time()))
+"""
+
+
+def test_a_unit_of_a_later_phase_starts_only_once_the_master_listens(tmp_path):
+    """Both guards start at once; the worker's guard starts its unit only once the master's
+    guard has seen the master's port answer, and records what it waits for meanwhile."""
+    pytest.importorskip("torch.distributed")
+    run, procs = _phased_guards(tmp_path, MASTER_LISTENS_LATE, WORKER)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "guard-1.json").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        waiting = json.loads((run / "guard-1.json").read_text())
+        assert [p.wait(120) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+    if not (tmp_path / "listening").exists():
+        pytest.fail("the master's unit never listened")
+    assert waiting["state"] == "starting" and waiting["waiting_for"] == ["tf-r-rank0"]
+    assert float((tmp_path / "worker_started").read_text()) >= float((tmp_path / "listening").read_text())
+    assert json.loads((run / "job.json").read_text())["state"] == "succeeded"
+    record = json.loads((run / "guard-1.json").read_text())
+    assert record["state"] == "exited" and "waiting_for" not in record and "not_started" not in record
+
+
+def test_a_unit_waiting_for_a_master_that_failed_never_starts(tmp_path):
+    """The master's rank fails before it listens: the worker's guard ends its wait with the
+    run's abort, its unit never ran, and its record says so (the report: not started)."""
+    pytest.importorskip("torch.distributed")
+    run, procs = _phased_guards(tmp_path, "import time\ntime.sleep(1)\nraise SystemExit(3)\n", WORKER)
+    try:
+        assert [p.wait(120) for p in procs] == [143, 3]
+    finally:
+        for p in procs:
+            p.kill()
+    assert not (tmp_path / "worker_started").exists()
+    record = json.loads((run / "guard-1.json").read_text())
+    assert record["state"] == "stopped" and record["not_started"] is True
+    assert record["abort"]["kind"] == "rank_failed" and "rank 0 on node-1 exited with code 3" in record["stopped_because"]

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from torchfleet.report import choose_culprit, failure_message, format_table, parse_steps, run_files, summarize
+from torchfleet.report import (apply_guards, choose_culprit, failure_message, format_table, guard_key, parse_steps,
+                               run_files, summarize)
 
 OK_LOG = """2026-11-22T03:46:10.166Z INFO     [rank {r}] Using distributed PyTorch with gloo backend
 2026-11-22T03:46:17.365Z INFO     [rank {r}] Train Epoch: 1 [0/10 (0%)]\tloss=2.2662
@@ -104,6 +105,21 @@ def test_workers_never_started_are_not_blamed_when_the_master_never_listened(tmp
     assert msg.startswith("run run3 was stopped: 10.0.0.1:29500 did not listen within 120s")
     assert msg.endswith("--- last lines of rank 0 on node-1 ---\nwaiting in init_process_group")
 
+
+
+def test_workers_whose_guards_still_waited_for_the_master_are_not_started(tmp_path):
+    """Every node's units start at once and a worker's guard waits for MASTER_PORT: where the
+    master never listened, its record says the unit never started (guard.stop_child), not
+    that it was stopped with the exit code its guard ended with."""
+    finals = [final(0, 3, "2026-11-22T03:48:00.0Z")] + [final(r, 143, "2026-11-22T03:48:01.0Z") for r in (1, 2)]
+    guards = {guard_key(None, f"job-run3-rank{r}", r): {"state": "stopped", "exit_code": 143, "not_started": True,
+                                                        "stopped_because": "rank 0 on node-1 exited with code 3"}
+              for r in (1, 2)}
+    finals = apply_guards([dict(f, name=f"job-run3-rank{f['rank']}") for f in finals], guards)
+    s = summarize("run3", table(), finals, tmp_path, master_listened=False)
+    assert [(r["outcome"], r["exit_code"]) for r in s["ranks"]] == [("failed", 3), ("not started", None),
+                                                                    ("not started", None)]
+    assert s["failed_rank"]["rank"] == 0
 
 MPIRUN_LOG = """[1,0]<stdout>:rank 0 up
 [1,1]<stdout>:rank 1 up[1,1]<stdout>:

@@ -90,11 +90,11 @@ def test_a_partition_slurm_cannot_have_is_refused_naming_the_variable():
     assert err.value.variable == "slurm_partition"
 
 
-def test_every_node_starts_in_one_phase_since_the_script_orders_the_units():
-    units = spec.redacted(build())["units"]
-    assert spec.unit_index(units, modes.get("slurm").phased_start) == {"node-1.example": {"0": [0, 1]},
-                                                                         "node-2.example": {"0": [2]}}
-    assert spec.unit_index(units) == {"node-1.example": {"0": [0, 1]}, "node-2.example": {"1": [2]}}
+def test_every_node_starts_at_once_and_the_worker_after_the_master_listens():
+    """The script orders the steps, and the worker's guard waits for the master's listen too."""
+    built = spec.redacted(build())
+    assert spec.unit_index(built["units"]) == {"node-1.example": [0, 1], "node-2.example": [2]}
+    assert [u["after"] for u in built["guard"]["units"]] == [[], [], [0]]
 
 
 def test_the_run_brings_back_the_script_its_job_id_and_the_batch_log_and_the_summary_names_the_job(tmp_path):

@@ -752,18 +752,21 @@ def test_phases_of_a_single_node_job():
 
 @pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
 def test_without_waiting_for_master_port_only_sshd_gates_a_phase(mode, runtime):
+    """launch_wait_master_listen: false starts every rank at once, and nothing waits for
+    MASTER_PORT (their stores retry until it listens); mpirun still starts once sshd listens."""
     job, table, nodes = make(mode, runtime)
     waiting = spec.build(job, table, nodes)
     eager = spec.build(dict(job, wait_master_listen=False), table, nodes)
-    gates = lambda s: {(u.host, u.role): u.listen for u in s.units if u.listen}  # noqa: E731
+    listens = lambda s: {(u.host, u.role): u.listen for u in s.units if u.listen}  # noqa: E731
+    after = lambda s: {g["name"]: g["after"] for g in s.to_dict()["guard"]["units"] if g["after"]}  # noqa: E731
     if mode == "mpirun":
-        assert gates(eager) == gates(waiting) and {r for _, r in gates(eager)} == {"sshd"}
+        assert listens(eager) == listens(waiting) and {r for _, r in listens(eager)} == {"sshd"}
+        assert after(eager) == after(waiting) and [u.role for u in eager.units if u.phase] == ["mpirun"]
     else:
         role = "torchrun" if mode == "torchrun" else "rank"
-        assert gates(waiting) == {("node-1", role): {"host": MASTER_ADDR, "port": PORT}}
-        assert gates(eager) == {}
-    # The rest of the spec is the same.
-    assert [u.phase for u in eager.units] == [u.phase for u in waiting.units]
+        assert listens(waiting) == {("node-1", role): {"host": MASTER_ADDR, "port": PORT}}
+        assert listens(eager) == {} and after(eager) == {} and {u.phase for u in eager.units} == {0}
+        assert after(waiting) and all(u.phase == (u.host != "node-1") for u in waiting.units)
 
 
 # --- the guard's settings -------------------------------------------------------------------
@@ -886,14 +889,26 @@ def test_node_entry_takes_the_interface_to_the_master_and_the_first_ranks_addres
 
 
 @pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
-def test_unit_index_gives_each_host_its_own_units_by_phase(mode, runtime):
+def test_unit_index_gives_each_host_its_own_units(mode, runtime):
     units = build(mode, runtime).to_dict()["units"]
     index = spec.unit_index(units)
-    found = sorted(i for phases in index.values() for ids in phases.values() for i in ids)
-    assert found == list(range(len(units)))
-    for host, phases in index.items():
-        for phase, ids in phases.items():
-            assert all(units[i]["host"] == host and str(units[i]["phase"]) == phase for i in ids)
+    assert sorted(i for ids in index.values() for i in ids) == list(range(len(units)))
+    for host, ids in index.items():
+        assert all(units[i]["host"] == host for i in ids)
+    assert spec.listen_hosts(units) == sorted({u["host"] for u in units if u["listen"]})
+
+
+@pytest.mark.parametrize("mode, runtime", MODES, ids=MODE_IDS)
+def test_each_unit_of_a_later_phase_starts_after_every_earlier_unit_that_listens(mode, runtime):
+    """What each guard waits for before it starts its unit (the controller starts them all
+    at once): a unit of phase 0 for nothing, any other for every listener of phase 0."""
+    built = build(mode, runtime)
+    units = built.to_dict()["guard"]["units"]
+    listeners = [i for i, u in enumerate(built.units) if u.listen]
+    assert listeners and all(built.units[i].phase == 0 for i in listeners)
+    for unit, guarded in zip(built.units, units):
+        assert guarded["after"] == ([] if unit.phase == 0 else listeners)
+        assert guarded["listen"] == unit.listen
 
 
 def test_node_input_checks_the_overlays_numbers_only_under_wireguard():

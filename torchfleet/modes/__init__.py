@@ -47,11 +47,6 @@ class LaunchMode:
         units itself, or ``scheduler``, one submission that a scheduler runs as the units."""
         return self.runtime(job)
 
-    # Whether the launch role starts the units phase by phase (the master's, then the others
-    # once they listen) or every node's at once: a scheduler takes the whole job in one
-    # submission, once every node's run folder exists, and orders the phases itself.
-    phased_start = True
-
     def spec_files(self, spec: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
         """Files made from the whole spec (``LaunchSpec.to_dict()``, every unit's guarded
         command in it), per node, that its start writes into the run's folder beside

@@ -27,7 +27,7 @@ class PerRank(LaunchMode):
             name = ctx.name(f"rank{row['rank']}") if container else run_vocab.rank_unit(row["rank"])
             env["TORCHFLEET_HEARTBEAT"] = ctx.heartbeat(name)
             mems = ctx.mems(i) if container else None
-            ctx.unit(name=name, role="rank", phase=0 if ctx.is_master else 1, argv=argv, env=env,
+            ctx.unit(name=name, role="rank", phase=ctx.rank_phase(), argv=argv, env=env,
                      ranks=[int(row["rank"])], cpuset=ctx.cpuset(i), cpuset_mems=mems,
                      labels=ctx.labels("rank", row["rank"]), listen=ctx.master_listen() if i == 0 else None,
                      attempt={"env": ATTEMPT_ENV})

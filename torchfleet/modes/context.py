@@ -167,11 +167,18 @@ class NodeContext:
         return f"{self.job.get('container_prefix', 'torchfleet')}-{self.run_id}-{suffix}"
 
     def master_listen(self) -> dict[str, Any] | None:
-        """What the other nodes' start waits for: MASTER_PORT, unless the job says to start
-        them as soon as the master's ranks run (their stores retry until it listens)."""
+        """Where the master's rendezvous listens (MASTER_PORT): the guards of a later phase
+        start their units once it answers, and the launch waits for it before it says the run
+        started. None where the job starts every rank at once (rank_phase)."""
         if not self.is_master or not self.job.get("wait_master_listen", True):
             return None
         return {"host": self.table["master_addr"], "port": int(self.table["master_port"])}
+
+    def rank_phase(self) -> int:
+        """The start phase of this node's ranks (or torchrun): the master's first, and the
+        others' guards start them once it listens, unless the job starts every rank at once
+        (launch_wait_master_listen: false; their stores retry until it listens)."""
+        return 0 if self.is_master or not self.job.get("wait_master_listen", True) else 1
 
 
 # Pins each local rank to its own cpuset with its own thread count, for a mode whose

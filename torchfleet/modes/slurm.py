@@ -24,7 +24,6 @@ class Slurm(Process):
     # The steps' shells read the secret environment from the run folder: srun passes no
     # value that is not on the script's command lines.
     secret_env_file = True
-    phased_start = False
 
     def unit_kind(self, job: Mapping[str, Any]) -> str:
         return "scheduler"

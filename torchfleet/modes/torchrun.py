@@ -60,7 +60,7 @@ class Torchrun(LaunchMode):
         # taskset pins each rank's CPUs; only a container can hold its memory to the ranks' nodes.
         mems = ",".join(sorted({m for i in range(len(ctx.rows)) if (m := ctx.mems(i))})) or None
         mems = mems if ctx.runtime == "container" else None
-        ctx.unit(name=name, role="torchrun", phase=0 if ctx.is_master else 1, argv=argv, env=env,
+        ctx.unit(name=name, role="torchrun", phase=ctx.rank_phase(), argv=argv, env=env,
                  ranks=[int(r["rank"]) for r in ctx.rows],
                  cpuset=",".join(p["cpuset"] for p in ctx.pinning) if ctx.pinning else None, cpuset_mems=mems,
                  labels=ctx.labels("torchrun", ctx.rows[0]["rank"]), listen=ctx.master_listen(),

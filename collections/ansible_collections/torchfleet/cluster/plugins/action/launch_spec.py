@@ -7,7 +7,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import cpus, hosts, inputs, modes, spec
+from torchfleet import cpus, hosts, inputs, spec
 from torchfleet.errors import InventoryError
 
 ARGS = {
@@ -55,7 +55,7 @@ class ActionModule(ActionBase):
             with open(os.path.join(module_utils, name)) as fh:
                 common[name] = fh.read()
         result.update(changed=False, spec=redacted, nodes=spec.redacted(nodes), common_files=common,
-                      unit_index=spec.unit_index(redacted["units"], modes.get(built.mode).phased_start))
+                      unit_index=spec.unit_index(redacted["units"]), listen_hosts=spec.listen_hosts(redacted["units"]))
         return result
 
 

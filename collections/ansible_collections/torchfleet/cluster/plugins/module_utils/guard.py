@@ -64,6 +64,9 @@ OUTPUT_DRAIN_S = 2.0
 # How often the store's host looks for a stop file (torchfleet stop writes it on the master
 # first): one stat, in one guard of the run, where the loop's own look waits a whole poll.
 STOP_WATCH_S = 0.05
+# How often a unit's guard tries its listen (the spec's ``listen``) until it answers, as the
+# controller's listen_wait does.
+LISTEN_POLL_S = 0.05
 
 
 def _now() -> str:
@@ -97,6 +100,10 @@ class Guard:
         self.started = time.monotonic()
         self.last_progress = self.started
         self.heartbeat_file = self.unit.get("heartbeat")
+        # The units of earlier phases whose listen this unit's first start waits for, and
+        # where this unit's own listen stands: None (none), "waiting", "answered", "told".
+        self.after = [int(i) for i in self.unit.get("after") or []]
+        self.listen_state = "waiting" if self.unit.get("listen") else None
         self.heartbeat_mtime = 0.0
         self.has_progressed = False
         self.signalled: int | None = None
@@ -180,6 +187,7 @@ class Guard:
         self.output = threading.Thread(target=self._pass_output, args=(self.child, self.attempt), daemon=True)
         self.output.start()
         self.state.update(state=vocab.UnitState.RUNNING.value, pid=self.child.pid)
+        self.state.pop("waiting_for", None)
         self._write_state()
 
     def _pass_output(self, child, attempt: int) -> None:
@@ -207,7 +215,11 @@ class Guard:
 
     def stop_child(self) -> int:
         """SIGTERM to the unit's process group, SIGKILL after the grace period. The record
-        says when the first of each was sent (``sigterm_at``, ``sigkill_at``)."""
+        says when the first of each was sent (``sigterm_at``, ``sigkill_at``). A unit that
+        never started ends as a stopped one would (143), and its record says so."""
+        if self.child.pid is None:
+            self.state["not_started"] = True
+            return policy.exit_code(-signal.SIGTERM)
         if self.child.poll() is None:
             self.state.setdefault("sigterm_at", time.time())
             guard_child.killpg(self.child.pid, signal.SIGTERM)
@@ -269,6 +281,8 @@ class Guard:
         # The store answered; the watchdog's allowance runs from here, not from the start.
         self.last_ok = time.monotonic()
         threading.Thread(target=self._await_abort, args=(TCPStore, host, port, self.gen), daemon=True).start()
+        if isinstance(self.child, guard_child.NotStarted):
+            threading.Thread(target=self._await_after, args=(TCPStore, host, port), daemon=True).start()
         return True
 
     def _await_abort(self, store_class, host: str, port: int, gen: int) -> None:
@@ -293,7 +307,7 @@ class Guard:
             # why (three store ops behind 47 other guards on a busy host); the loop still
             # records the reason and escalates to SIGKILL after the grace period.
             self.state.setdefault("abort_seen_at", time.time())
-            if self.child is not None and self.child.poll() is None:
+            if self.child is not None and self.child.pid is not None and self.child.poll() is None:
                 self.state.setdefault("sigterm_at", time.time())
                 guard_child.killpg(self.child.pid, signal.SIGTERM)
             self.wake.set()
@@ -316,9 +330,38 @@ class Guard:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         self._hold_lock()
-        self.start_child()
+        if self.after:
+            # The loop starts it once the store says every unit of ``after`` listens: this
+            # guard meanwhile imports torch, connects and beats, as the master starts.
+            self.child = guard_child.NotStarted()
+            self.state["waiting_for"] = [self.units[i]["name"] for i in self.after]
+            self._write_state()
+        else:
+            self.start_child()
+        if self.listen_state:
+            threading.Thread(target=self._await_listen, args=(self.child,), daemon=True).start()
         self._watch()
         return self._loop()
+
+    def _await_listen(self, child) -> None:
+        """Note when the unit's listen first answers; the loop tells the store."""
+        listen = self.unit["listen"]
+        while child.poll() is None:
+            if guard_child.answers(listen["host"], int(listen["port"]), timeout=LISTEN_POLL_S * 10):
+                self.listen_state = "answered"
+                self.wake.set()
+                return
+            time.sleep(LISTEN_POLL_S)
+
+    def _await_after(self, store_class, host: str, port: int) -> None:
+        """Wake the loop the moment every unit this one starts after listens. A connection
+        of its own, as _await_abort's."""
+        try:
+            store = store_class(host, port, is_master=False, timeout=timedelta(seconds=self.start_timeout))
+            store.wait([vocab.listening_key(i) for i in self.after], timedelta(days=1))
+        except Exception:  # noqa: BLE001 - the loop's polls still see the keys
+            return
+        self.wake.set()
 
     def _watch(self) -> None:
         """The thread that watches for what the loop may miss: on the host a stop file, on
@@ -367,6 +410,9 @@ class Guard:
                     abort = self.set_abort(self._stop_requested())
                 if self.is_host:
                     abort = abort or self._host_checks(seen, counters, exits)
+                if self.listen_state == "answered":
+                    self.store.set(vocab.listening_key(self.index), "1")
+                    self.listen_state = "told"
                 if abort is None and code is not None and code != 0 and self._peer_wait_over():
                     failed = policy.abort_for_exit(self.unit, policy.exit_code(code))
                     abort = self.set_abort(dict(failed, index=self.index))
@@ -374,7 +420,10 @@ class Guard:
                     abort = self.set_abort({"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"],
                                             "unit": self.unit["name"],
                                             "reason": f"{policy.who(self.unit)} got signal {self.signalled}"})
-                if abort is None and code is None:
+                if abort is None and self.child.pid is None and self.store.check(
+                        [vocab.listening_key(i) for i in self.after]):
+                    self.start_child()
+                elif abort is None and code is None and self.child.pid is not None:
                     found = policy.stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
                                            self.start_timeout)
                     if found:
@@ -466,7 +515,7 @@ class Guard:
         entry = {"attempt": self.attempt, "ranks": self._ranks(), "exit_code": final,
                  "state": (vocab.UnitState.EXITED if own else vocab.UnitState.STOPPED).value,
                  "why": None if own else abort["reason"]}
-        for key in ("abort_seen_at", "sigterm_at", "sigkill_at", "child_exit_code"):
+        for key in ("abort_seen_at", "sigterm_at", "sigkill_at", "child_exit_code", "not_started"):
             if key in self.state:
                 entry[key] = self.state.pop(key)
         self.state.setdefault("attempts", []).append(entry)

@@ -12,6 +12,7 @@ import os
 import runpy
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +25,9 @@ import warnings
 class Forked:
     """A unit forked from the guard to run as ``python3 SCRIPT ARGS`` or ``python3 -m MODULE
     ARGS`` would (see guard_policy.preload_target), with what the guard uses of a Popen: pid, stdout,
-    poll, wait, returncode. It forks before the guard starts any thread or connects to the store."""
+    poll, wait, returncode. A unit that starts at once forks before the guard starts any
+    thread; one that waits for an earlier phase, or starts a later attempt, forks while the
+    guard's other threads sleep or wait on store sockets that the unit never uses."""
 
     def __init__(self, target: tuple[str, str, list[str]], setup) -> None:
         read, write = os.pipe()
@@ -65,6 +68,26 @@ class Forked:
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
         return self.returncode
+
+
+class NotStarted:
+    """The unit of a guard whose start waits for an earlier phase to listen (the spec's
+    ``after``): it runs as long as its guard, and there is nothing of it to stop."""
+
+    pid = None
+    returncode = None
+
+    def poll(self) -> None:
+        return None
+
+
+def answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether ``host``:``port`` accepts a TCP connection."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def import_torch() -> bool:

@@ -150,6 +150,12 @@ def left_key(index: int) -> str:
     return f"left/{index}"
 
 
+def listening_key(index: int) -> str:
+    """Unit ``index`` (one with a ``listen``: MASTER_PORT, mpirun's sshd) answers there: the
+    guards of the units that start after it (their ``after``) start them then."""
+    return f"listening/{index}"
+
+
 def heartbeat_key(index: int) -> str:
     """Unit ``index``'s guard's counter, bumped every poll."""
     return f"hb/{index}"

@@ -70,7 +70,12 @@ common_files:
   returned: success
   type: dict
 unit_index:
-  description: Each host's units by phase, as indexes into the spec's units.
+  description: Each host's units, as indexes into the spec's units.
   returned: success
   type: dict
+listen_hosts:
+  description: The hosts with a unit that listens (MASTER_PORT, mpirun's sshd), where the start waits until it answers.
+  returned: success
+  type: list
+  elements: str
 """
