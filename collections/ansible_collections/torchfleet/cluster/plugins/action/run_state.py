@@ -5,22 +5,14 @@ import posixpath
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_read
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import RUN_STATE_ARGS
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import node_script
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils.workload_send import WorkloadSendingAction
 
-# The module's options that a read of one run takes (run_folder.one_run), as the module declares them.
-ONE_RUN = {
-    "node_dir": {"type": "path", "required": True},
-    "run_id": {"type": "str", "required": True},
-    "state": {"type": "str", "choices": ["info", "stopped"], "default": "info"},
-    "reason": {"type": "str"},
-    "tail_lines": {"type": "int", "default": 0},
-    "spec": {"type": "bool", "default": False},
-    "record": {"type": "bool", "default": False},
-    "wait": {"type": "float", "default": 0},
-    "poll": {"type": "float", "default": 0.5},
-}
+# The module's options that a read of one run takes: the run folder's script's, and where the run is.
+ONE_RUN = {k: v for k, v in RUN_STATE_ARGS.items() if k in run_read.OPTIONS | {"node_dir", "run_id"}}
 
 
 class ActionModule(WorkloadSendingAction):

@@ -121,6 +121,29 @@ def wait_for_end(run_dir, wait, poll):
         time.sleep(max(0.05, min(poll, deadline - time.monotonic())))
 
 
+# run_state's options, declared once: the module takes them all, and its action checks a read
+# of one run (one_run's parameters, with node_dir and run_id) against them before it runs the
+# run folder's script instead.
+RUN_STATE_ARGS = {
+    "node_dir": {"type": "path", "required": True},
+    "run_id": {"type": "str"},
+    "state": {"type": "str", "choices": ["info", "stopped", "present"], "default": "info"},
+    "files": {"type": "dict", "default": {}},
+    "workload": {"type": "dict"},
+    "dirs": {"type": "list", "elements": "path", "default": []},
+    "owner": {"type": "int"},
+    "group": {"type": "int"},
+    "reason": {"type": "str"},
+    "keep": {"type": "int", "default": 10},
+    "tail_lines": {"type": "int", "default": 0},
+    "spec": {"type": "bool", "default": False},
+    "record": {"type": "bool", "default": False},
+    "wait": {"type": "float", "default": 0},
+    "poll": {"type": "float", "default": 0.5},
+    "leftovers": {"type": "dict"},
+}
+
+
 def one_run(run_dir, state="info", reason=None, tail_lines=0, spec=False, record=False, wait=0.0, poll=0.5,
             check=False):
     """run_state's answer for one run (its options of that name): the run's folder read, after

@@ -203,6 +203,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
+    RUN_STATE_ARGS,
     PrepareError,
     ask_stop,
     one_run,
@@ -213,24 +214,7 @@ from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder impo
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "node_dir": {"type": "path", "required": True},
-            "run_id": {"type": "str"},
-            "state": {"type": "str", "choices": ["info", "stopped", "present"], "default": "info"},
-            "files": {"type": "dict", "default": {}},
-            "workload": {"type": "dict"},
-            "dirs": {"type": "list", "elements": "path", "default": []},
-            "owner": {"type": "int"},
-            "group": {"type": "int"},
-            "reason": {"type": "str"},
-            "keep": {"type": "int", "default": 10},
-            "tail_lines": {"type": "int", "default": 0},
-            "spec": {"type": "bool", "default": False},
-            "record": {"type": "bool", "default": False},
-            "wait": {"type": "float", "default": 0},
-            "poll": {"type": "float", "default": 0.5},
-            "leftovers": {"type": "dict"},
-        },
+        argument_spec=RUN_STATE_ARGS,
         required_if=[("state", "present", ["run_id"])],
         supports_check_mode=True,
     )
