@@ -5,16 +5,16 @@ Measured in one run, on a cluster of its own (torchfleet-bench):
   - local cluster creation (images cached), and its re-run;
   - site.yml on fresh nodes (engine, 1.1 GB image load, dataset), and its re-run;
   - launch: from `ansible-playbook launch.yml` to rank 0's first training step, against
-    the same job started by hand, one `docker run` per node, rank 0 first; once with the
-    default start (the other nodes once MASTER_PORT listens) and once starting them as
-    soon as the master's ranks run (launch_wait_master_listen: false). The slowest tasks
-    of the default launch say where its time goes;
+    the same job started by hand, one `docker run` per node, rank 0 first; with the
+    default start (the other nodes' ranks once MASTER_PORT listens) and with every rank
+    at once (launch_wait_master_listen: false). ROUNDS rounds, the three alternating, and
+    the median counts: one launch varies by half a second here. The slowest tasks of the
+    first default launch say where its time goes;
   - the launch's floor on this machine: the hand-typed loop plus a playbook that does
     nothing but what a launch cannot do without, one bare module run per node for each
-    of its phases (the check on every node, the master's start, the others' start), through
-    the same ansible-playbook. On 2 shared cores Ansible's own start and its module runs
-    cost more than the goal's half of the hand-typed time, so the launch is also given
-    as a ratio to that floor.
+    of its controller's phases (the check, the start), through the same ansible-playbook.
+    On 2 shared cores Ansible's own start and its module runs cost more than the goal's
+    half of the hand-typed time, so the launch is also given as a ratio to that floor.
 
 Run from the repository root with the venv active: python bench/provision.py
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -83,12 +84,8 @@ FLOOR_PLAYBOOK = """
   tasks:
     - name: the check on every node
       ansible.builtin.ping: {}
-    - name: the master's start
+    - name: the start on every node
       ansible.builtin.ping: {}
-      when: inventory_hostname == ansible_play_hosts_all[0]
-    - name: the other nodes' start
-      ansible.builtin.ping: {}
-      when: inventory_hostname != ansible_play_hosts_all[0]
 """
 
 
@@ -99,6 +96,7 @@ def launch_floor(inv: list[str]) -> float:
     return sorted(playbook(str(book), *inv) for _ in range(3))[1]
 
 
+ROUNDS = 3
 # The launch's figures before issue 44's work (bench/provision.py at 5fff6a8).
 BASELINE = {"launch to first step / docker run by hand": 2.91,
             "  without the MASTER_PORT wait / docker run by hand": 2.18}
@@ -149,11 +147,20 @@ def main() -> None:
     t["cluster up again"] = playbook("playbooks/local_cluster.yml", *CLUSTER_VARS)
     t["site.yml first"] = playbook("site.yml", *inv)
     t["site.yml again"] = playbook("site.yml", *inv)
-    t["launch total"], t["launch to first step"] = launch_to_first_step(inv)
-    slow = slowest_tasks(LAST_OUTPUT[0])
-    _, t["launch, no MASTER_PORT wait, to first step"] = launch_to_first_step(
-        inv, "-e", "launch_wait_master_listen=false")
-    t["docker run by hand to first step"] = by_hand()
+    rounds: dict[str, list[float]] = {}
+    slow: list[str] = []
+    for i in range(ROUNDS):
+        print(f"==> launch round {i + 1} of {ROUNDS}")
+        total, first = launch_to_first_step(inv)
+        slow = slow or slowest_tasks(LAST_OUTPUT[0])
+        rounds.setdefault("launch total", []).append(total)
+        rounds.setdefault("launch to first step", []).append(first)
+        rounds.setdefault("launch, no MASTER_PORT wait, to first step", []).append(
+            launch_to_first_step(inv, "-e", "launch_wait_master_listen=false")[1])
+        rounds.setdefault("docker run by hand to first step", []).append(by_hand())
+    for key, values in rounds.items():
+        t[key] = statistics.median(values)
+        print(f"  {key}: {', '.join(f'{v:.2f}' for v in values)}")
     t["ansible floor of a launch"] = launch_floor(inv)
     t["launch floor (by hand + ansible floor)"] = t["docker run by hand to first step"] + t["ansible floor of a launch"]
     playbook("playbooks/local_cluster.yml", *CLUSTER_VARS, "-e", "local_cluster_state=absent")
@@ -172,8 +179,8 @@ def main() -> None:
     ]:
         was = BASELINE.get(label)
         print(f"{label:<52}{t[a] / t[b]:>7.2f}{was if was else '-':>7}")
-    print("goal: launch to first step <= 1.5x the hand-typed loop; the floor is what Ansible alone adds to that "
-          "loop here (one bare module run per node per phase)")
+    print(f"goal: launch to first step <= 1.5x the hand-typed loop; the floor is what Ansible alone adds to that "
+          f"loop here (one bare module run per node per phase); launches and the loop: median of {ROUNDS} rounds")
     print("\nwhere the default launch's time goes (profile_tasks):")
     for line in slow:
         print("  " + line)
