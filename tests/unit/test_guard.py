@@ -600,3 +600,17 @@ def test_a_unit_waiting_for_a_master_that_failed_never_starts(tmp_path):
     record = json.loads((run / "guard-1.json").read_text())
     assert record["state"] == "stopped" and record["not_started"] is True
     assert record["abort"]["kind"] == "rank_failed" and "rank 0 on node-1 exited with code 3" in record["stopped_because"]
+
+
+def test_a_unit_of_a_later_phase_starts_once_the_master_finished_without_listening(tmp_path):
+    """A script with no rendezvous: the master's rank ends with code 0 and never listens.
+    The later phase starts then, as the launch's own wait did before the guards kept it."""
+    pytest.importorskip("torch.distributed")
+    run, procs = _phased_guards(tmp_path, "print('rank 0 alone')\n", WORKER)
+    try:
+        assert [p.wait(120) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+    assert (tmp_path / "worker_started").exists()
+    assert json.loads((run / "job.json").read_text())["state"] == "succeeded"

@@ -410,7 +410,9 @@ class Guard:
                     abort = self.set_abort(self._stop_requested())
                 if self.is_host:
                     abort = abort or self._host_checks(seen, counters, exits)
-                if self.listen_state == "answered":
+                # A unit that finished without listening (a script with no rendezvous) lets
+                # the later phase start too, as one that listens does.
+                if self.listen_state == "answered" or (self.listen_state == "waiting" and code == 0):
                     self.store.set(vocab.listening_key(self.index), "1")
                     self.listen_state = "told"
                 if abort is None and code is not None and code != 0 and self._peer_wait_over():

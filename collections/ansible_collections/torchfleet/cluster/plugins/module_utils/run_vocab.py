@@ -151,8 +151,9 @@ def left_key(index: int) -> str:
 
 
 def listening_key(index: int) -> str:
-    """Unit ``index`` (one with a ``listen``: MASTER_PORT, mpirun's sshd) answers there: the
-    guards of the units that start after it (their ``after``) start them then."""
+    """Unit ``index`` (one with a ``listen``: MASTER_PORT, mpirun's sshd) answers there, or
+    ended with code 0 without listening: the guards of the units that start after it (their
+    ``after``) start them then."""
     return f"listening/{index}"
 
 
