@@ -235,6 +235,25 @@ def test_a_taken_port_on_the_master_starts_nothing(faults_cluster, port, variabl
     assert_nothing_left(f)
 
 
+def test_a_master_that_fails_before_it_listens_leaves_the_workers_not_started(faults_cluster):
+    """Every node's units start at once, a worker's rank waiting in its guard until MASTER_PORT
+    listens: rank 0 exits before it listens, so rank 1 never runs, and it is reported as not
+    started, with the cause, not blamed."""
+    f = faults_cluster
+    code, out = f.cli("launch", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", "early", "--",
+                      "--fail-before-join", "0")
+    assert code == 1, out
+    ranks = {r["rank"]: r for r in out["run"]["ranks"]}
+    assert (ranks[0]["outcome"], ranks[0]["exit_code"]) == ("failed", 3)
+    assert ranks[1]["outcome"] == "not started" and ranks[1]["exit_code"] is None
+    assert "rank 0 on node-1 exited with code 3" in ranks[1]["stopped_because"]
+    # Its guard never forked it: no pid, and its log holds only the guard's own line.
+    record = f.guards("early")["torchfleet-early-rank1"]
+    assert record["not_started"] is True and "pid" not in record
+    log = (f.runs_dir / "early" / "rank-1.log").read_text().splitlines()
+    assert log == ["[torchfleet guard] stopped rank 1 on node-2: rank 0 on node-1 exited with code 3"], log
+    assert_nothing_left(f)
+
 def test_a_rank_that_makes_no_progress_is_stopped_as_stalled(faults_cluster):
     f = faults_cluster
     launch = f.launch("stall", "-e", "launch_stall_timeout=6")
