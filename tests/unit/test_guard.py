@@ -551,6 +551,15 @@ def _phased_guards(tmp_path, master_script: str, worker_script: str) -> tuple[Pa
     return run, procs
 
 
+def _exits(procs: list[subprocess.Popen]) -> list[int]:
+    """Each guard's exit code; none is left running, whatever happens."""
+    try:
+        return [p.wait(120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
 MASTER_LISTENS_LATE = """import socket, time
 time.sleep(1.5)
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", PORT)); s.listen()
@@ -591,11 +600,7 @@ def test_a_unit_waiting_for_a_master_that_failed_never_starts(tmp_path):
     run's abort, its unit never ran, and its record says so (the report: not started)."""
     pytest.importorskip("torch.distributed")
     run, procs = _phased_guards(tmp_path, "import time\ntime.sleep(1)\nraise SystemExit(3)\n", WORKER)
-    try:
-        assert [p.wait(120) for p in procs] == [143, 3]
-    finally:
-        for p in procs:
-            p.kill()
+    assert _exits(procs) == [143, 3]
     assert not (tmp_path / "worker_started").exists()
     record = json.loads((run / "guard-1.json").read_text())
     assert record["state"] == "stopped" and record["not_started"] is True
@@ -607,10 +612,6 @@ def test_a_unit_of_a_later_phase_starts_once_the_master_finished_without_listeni
     The later phase starts then, as the launch's own wait did before the guards kept it."""
     pytest.importorskip("torch.distributed")
     run, procs = _phased_guards(tmp_path, "print('rank 0 alone')\n", WORKER)
-    try:
-        assert [p.wait(120) for p in procs] == [0, 0]
-    finally:
-        for p in procs:
-            p.kill()
+    assert _exits(procs) == [0, 0]
     assert (tmp_path / "worker_started").exists()
     assert json.loads((run / "job.json").read_text())["state"] == "succeeded"
