@@ -103,6 +103,7 @@ class Guard:
         # The units of earlier phases whose listen this unit's first start waits for, and
         # where this unit's own listen stands: None (none), "waiting", "answered", "told".
         self.after = [int(i) for i in self.unit.get("after") or []]
+        self.after_keys = [vocab.listening_key(i) for i in self.after]
         self.listen_state = "waiting" if self.unit.get("listen") else None
         self.heartbeat_mtime = 0.0
         self.has_progressed = False
@@ -358,7 +359,7 @@ class Guard:
         of its own, as _await_abort's."""
         try:
             store = store_class(host, port, is_master=False, timeout=timedelta(seconds=self.start_timeout))
-            store.wait([vocab.listening_key(i) for i in self.after], timedelta(days=1))
+            store.wait(self.after_keys, timedelta(days=1))
         except Exception:  # noqa: BLE001 - the loop's polls still see the keys
             return
         self.wake.set()
@@ -422,8 +423,7 @@ class Guard:
                     abort = self.set_abort({"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"],
                                             "unit": self.unit["name"],
                                             "reason": f"{policy.who(self.unit)} got signal {self.signalled}"})
-                if abort is None and self.child.pid is None and self.store.check(
-                        [vocab.listening_key(i) for i in self.after]):
+                if abort is None and self.child.pid is None and self.store.check(self.after_keys):
                     self.start_child()
                 elif abort is None and code is None and self.child.pid is not None:
                     found = policy.stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,

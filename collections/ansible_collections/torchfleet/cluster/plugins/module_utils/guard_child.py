@@ -82,7 +82,8 @@ class NotStarted:
 
 
 def answers(host: str, port: int, timeout: float = 1.0) -> bool:
-    """Whether ``host``:``port`` accepts a TCP connection."""
+    """Whether ``host``:``port`` accepts a TCP connection (a guard's listen, and the
+    listen_wait module's)."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True

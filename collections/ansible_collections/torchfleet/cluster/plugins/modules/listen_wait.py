@@ -51,18 +51,11 @@ waited_s:
   type: float
 """
 
-import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-
-def answers(host, port, timeout):
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+from ansible_collections.torchfleet.cluster.plugins.module_utils.guard_child import answers
 
 
 def main():
