@@ -8,7 +8,9 @@ nothing heavy. For each size it measures:
 
   - submit until every rank has started (Cluster.submit's wall time), and the controller's
     CPU seconds per node for it (this process and its children: ansible-playbook, its
-    workers, ssh);
+    workers, ssh); then, from the same start, until every guard beats in the store (the
+    master's job.json hears them all): the run is whole only then, as a worker's rank
+    waits in its guard until the master listens and submit returns once it does;
   - a rank's crash until every rank has stopped: once every guard beats in the store (the
     master's job.json sees them all), the last rank is told to crash through a file on its
     node; the crash time is the one it printed, and each guard records when it learnt of
@@ -325,7 +327,8 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
     out["submit_s"], out["cpu_s"] = time.monotonic() - t0, cpu() - c0
     out["cpu_per_node_s"] = out["cpu_s"] / count
     print(f"  {count} nodes: submitted in {out['submit_s']:.1f}s", flush=True)
-    wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store")
+    wait_until(lambda: supervised(count, run.run_id), 300, "every guard to beat in the store", every=0.2)
+    out["running_s"] = time.monotonic() - t0
     sh("docker", "exec", node(count), "touch", "/tmp/crash-now")
     states = recorded(count, run.run_id, "ended_at")
     crashed = float(sh("docker", "exec", node(count), "sh", "-c",
@@ -425,7 +428,7 @@ def main() -> None:
           f"guard poll 0.5s, 2 shared cores)")
     # The launch's fixed cost (Ansible's own start, the plan) spread over few nodes weighs
     # more than over many; the CPU each node added beyond the smallest size is the slope.
-    header = f"{'nodes':>5} {'submit s':>9} {'ctl CPU/node s':>15} {'per added node s':>17} " \
+    header = f"{'nodes':>5} {'submit s':>9} {'all beat s':>11} {'ctl CPU/node s':>15} {'per added node s':>17} " \
              f"{'crash->seen s':>14} {'crash->stopped s':>17} {'end floor s':>12} {'lost->stopped s':>16} " \
              f"{'status s':>9} {'stop->stopped s':>16} {'stop call s':>12}  {'crash vs ' + str(min(sizes)):>10} " \
              f"{'floor vs ' + str(min(sizes)):>10} {'lost vs ' + str(min(sizes)):>9}"
@@ -435,7 +438,7 @@ def main() -> None:
         r = results[count]
         added = "-" if count == min(sizes) else \
             f"{(r['cpu_s'] - base['cpu_s']) / (count - min(sizes)):.2f}"
-        print(f"{count:>5} {r['submit_s']:>9.1f} {r['cpu_per_node_s']:>15.2f} {added:>17} {r['crash_to_seen_s']:>14.2f} "
+        print(f"{count:>5} {r['submit_s']:>9.1f} {r['running_s']:>11.1f} {r['cpu_per_node_s']:>15.2f} {added:>17} {r['crash_to_seen_s']:>14.2f} "
               f"{r['crash_to_stopped_s']:>17.2f} {r['end_floor_s']:>12.3f} "
               f"{r['lost_to_stopped_s']:>16.1f} {r['status_s']:>9.1f} {r['stop_to_stopped_s']:>16.1f} "
               f"{r['stop_call_s']:>12.1f}  "
