@@ -254,6 +254,27 @@ def test_a_master_that_fails_before_it_listens_leaves_the_workers_not_started(fa
     assert log == ["[torchfleet guard] stopped rank 1 on node-2: rank 0 on node-1 exited with code 3"], log
     assert_nothing_left(f)
 
+def test_a_master_that_does_not_listen_in_time_ends_the_attached_launch_naming_it(faults_cluster):
+    """An attached launch follows the run as soon as its units start; rank 0 runs but opens
+    MASTER_PORT only after 120 s, so its guard ends the run once launch_master_wait_timeout
+    has passed, and rank 1, still waiting for it, never runs."""
+    f = faults_cluster
+    since = time.time()
+    code, out = f.cli("launch", "--workload", str(WORKLOAD), "--job", "faults", "--run-id", "late",
+                      "-e", "launch_master_wait_timeout=5", "--", "--join-late", "0", "--seconds", "120")
+    assert code == 6, out
+    assert "rank 0 on node-1 did not listen on" in out["error"]["message"]
+    assert "within 5s (launch_master_wait_timeout)" in out["error"]["message"]
+    ranks = {r["rank"]: r for r in out["run"]["ranks"]}
+    assert ranks[1]["outcome"] == "not started" and ranks[1]["exit_code"] is None
+    record = f.guards("late")["torchfleet-late-rank0"]
+    assert record["pid"] and (record["state"], record["exit_code"]) == ("stopped", 143)
+    assert "rank 0: joining in 120s" in (f.runs_dir / "late" / "rank-0.log").read_text()
+    # Stopped once its allowance was over, not when its 120 s were.
+    assert record["sigterm_at"] - since < 60
+    assert_nothing_left(f)
+
+
 def test_a_rank_that_makes_no_progress_is_stopped_as_stalled(faults_cluster):
     f = faults_cluster
     launch = f.launch("stall", "-e", "launch_stall_timeout=6")

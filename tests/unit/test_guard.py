@@ -527,7 +527,8 @@ def test_a_record_left_running_by_a_killed_guard_reads_as_gone(tmp_path):
     assert info["state"] == "exited"
 
 
-def _phased_guards(tmp_path, master_script: str, worker_script: str) -> tuple[Path, list[subprocess.Popen]]:
+def _phased_guards(tmp_path, master_script: str, worker_script: str,
+                   **settings) -> tuple[Path, list[subprocess.Popen]]:
     """Two real guards with torch's TCPStore: unit 0, the master's rank, hosts the store and
     listens on a port of its own; unit 1 starts after it (the spec's ``after``)."""
     run, port = guard_folder(tmp_path)
@@ -538,7 +539,8 @@ def _phased_guards(tmp_path, master_script: str, worker_script: str) -> tuple[Pa
                   listen={"host": "127.0.0.1", "port": listen_port}, after=[])
     worker = dict(RANK, log=str(run / "rank1.log"), listen=None, after=[0])
     config = {"units": [master, worker], "store_unit": 0, "node_timeout": 10, "run_id": "r", "job": "j",
-              "poll_interval": 0.2, "stop_grace": 1, "store": {"host": "127.0.0.1", "port": port, "node": "node-1"}}
+              "poll_interval": 0.2, "stop_grace": 1, "store": {"host": "127.0.0.1", "port": port, "node": "node-1"},
+              **settings}
     (run / "guard.json").write_text(json.dumps(config))
     scripts = []
     for i, source in enumerate((master_script, worker_script)):
@@ -605,6 +607,28 @@ def test_a_unit_waiting_for_a_master_that_failed_never_starts(tmp_path):
     record = json.loads((run / "guard-1.json").read_text())
     assert record["state"] == "stopped" and record["not_started"] is True
     assert record["abort"]["kind"] == "rank_failed" and "rank 0 on node-1 exited with code 3" in record["stopped_because"]
+
+
+def test_a_master_that_does_not_listen_in_time_ends_the_run_naming_it(tmp_path):
+    """The master's rank runs but never opens its port: its guard ends the run once
+    listen_timeout (launch_master_wait_timeout) has passed since the rank started, with or
+    without a controller following, and the worker's unit never runs."""
+    pytest.importorskip("torch.distributed")
+    run, procs = _phased_guards(tmp_path, "import time\ntime.sleep(60)\n", WORKER, listen_timeout=2)
+    started = time.monotonic()
+    exits = _exits(procs)
+    assert time.monotonic() - started < 30, "the guards outlived the master's allowance by far"
+    assert not (tmp_path / "worker_started").exists()
+    master = json.loads((run / "guard-0.json").read_text())
+    assert master["abort"]["kind"] == "timeout"
+    assert "rank 0 on node-1 did not listen on 127.0.0.1:" in master["abort"]["reason"]
+    assert "within 2s (launch_master_wait_timeout)" in master["abort"]["reason"]
+    # Its rank ran, and was stopped (SIGTERM's code), not left running.
+    assert master["pid"] and (master["state"], master["exit_code"]) == ("stopped", 143)
+    worker = json.loads((run / "guard-1.json").read_text())
+    assert worker["not_started"] is True and worker["abort"]["kind"] == "timeout"
+    assert exits[0] == 143
+    assert json.loads((run / "job.json").read_text())["state"] == "failed"
 
 
 def test_a_unit_of_a_later_phase_starts_once_the_master_finished_without_listening(tmp_path):

@@ -92,6 +92,7 @@ class Guard:
         self.job_timeout = float(config.get("job_timeout", 0))
         self.grace = float(config.get("stop_grace", 5))
         self.start_timeout = float(config.get("start_timeout", 120))
+        self.listen_timeout = float(config.get("listen_timeout") or 0)
         self.store = None
         self.lock_fd: int | None = None
         self.connect_timeout = 1.0
@@ -101,7 +102,8 @@ class Guard:
         self.last_progress = self.started
         self.heartbeat_file = self.unit.get("heartbeat")
         # The units of earlier phases whose listen this unit's first start waits for, and
-        # where this unit's own listen stands: None (none), "waiting", "answered", "told".
+        # where this unit's own listen stands: None (none), "waiting", "answered", "told", or
+        # "late" (not within listen_timeout).
         self.after = [int(i) for i in self.unit.get("after") or []]
         self.after_keys = [vocab.listening_key(i) for i in self.after]
         self.listen_state = "waiting" if self.unit.get("listen") else None
@@ -345,11 +347,19 @@ class Guard:
         return self._loop()
 
     def _await_listen(self, child) -> None:
-        """Note when the unit's listen first answers; the loop tells the store."""
+        """Note when the unit's listen first answers, or that it did not within the start's
+        allowance from the unit's start; the loop tells the store, or aborts the run."""
         listen = self.unit["listen"]
+        since = time.monotonic()
         while child.poll() is None:
             if guard_child.answers(listen["host"], int(listen["port"]), timeout=LISTEN_POLL_S * 10):
                 self.listen_state = "answered"
+                self.wake.set()
+                return
+            if self.child is None or self.child.pid is None:
+                since = time.monotonic()
+            elif self.listen_timeout and time.monotonic() - since > self.listen_timeout:
+                self.listen_state = "late"
                 self.wake.set()
                 return
             time.sleep(LISTEN_POLL_S)
@@ -416,6 +426,8 @@ class Guard:
                 if self.listen_state == "answered" or (self.listen_state == "waiting" and code == 0):
                     self.store.set(vocab.listening_key(self.index), "1")
                     self.listen_state = "told"
+                if abort is None and self.listen_state == "late":
+                    abort = self.set_abort(dict(policy.not_listening(self.unit, self.listen_timeout), index=self.index))
                 if abort is None and code is not None and code != 0 and self._peer_wait_over():
                     failed = policy.abort_for_exit(self.unit, policy.exit_code(code))
                     abort = self.set_abort(dict(failed, index=self.index))

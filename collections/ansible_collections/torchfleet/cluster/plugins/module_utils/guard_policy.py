@@ -38,6 +38,15 @@ def abort_for_exit(unit: dict, code: int) -> dict | None:
             "reason": f"{who(unit)} exited with code {code}"}
 
 
+def not_listening(unit: dict, timeout: float) -> dict:
+    """A listener (the master's rendezvous, the workers' sshd) that did not answer within the
+    start's allowance: the units that start after it would wait for ever."""
+    listen = unit["listen"]
+    return {"kind": vocab.AbortKind.TIMEOUT.value, "host": unit["host"], "unit": unit["name"],
+            "reason": f"{who(unit)} did not listen on {listen['host']}:{listen['port']} within {timeout:g}s "
+                      f"(launch_master_wait_timeout)"}
+
+
 def stalled(unit: dict, idle_s: float, stall_timeout: float, progressed: bool = True,
             start_timeout: float = 0) -> dict | None:
     """A unit silent for ``stall_timeout``. Before its first sign of progress it is still
