@@ -790,9 +790,12 @@ def test_guard_settings_refuse_what_makes_no_sense(guard, variable):
 
 
 def test_guard_settings_reach_every_guard():
-    built = build("container", guard={"port": 31000, "node_timeout": 7, "stall_timeout": 30, "timeout": 600})
+    built = build("container", guard={"port": 31000, "node_timeout": 7, "stall_timeout": 30, "timeout": 600,
+                                      "master_wait_timeout": 45})
     g = built.guard
     assert (g["store"]["port"], g["node_timeout"], g["stall_timeout"], g["job_timeout"]) == (31000, 7, 30, 600)
+    # The master's allowance to listen is its guard's, for a run no controller follows too.
+    assert (g["listen_timeout"], g["start_timeout"]) == (45, 45 + 7)
 
 
 def test_numbers_out_of_range_are_each_named_with_their_bounds():
