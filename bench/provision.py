@@ -81,23 +81,19 @@ def slowest_tasks(output: str, count: int = 8) -> list[str]:
     return [line.strip() for line in recap if line.rstrip().endswith("s") and " --" in line][:count]
 
 
-FLOOR_PLAYBOOK = """
+# The check: one bare module run per node; then the start, bare or through docker_container.
+FLOOR_CHECK = """
 - hosts: torchfleet_nodes
   gather_facts: false
   tasks:
     - name: the check on every node
       ansible.builtin.ping: {}
+"""
+FLOOR_PLAYBOOK = FLOOR_CHECK + """
     - name: the start on every node
       ansible.builtin.ping: {}
 """
-
-
-FLOOR_CONTAINER_PLAYBOOK = """
-- hosts: torchfleet_nodes
-  gather_facts: false
-  tasks:
-    - name: the check on every node
-      ansible.builtin.ping: {}
+FLOOR_CONTAINER_PLAYBOOK = FLOOR_CHECK + """
     - name: the start on every node, through docker_container
       community.docker.docker_container:
         name: tf-floor
