@@ -166,6 +166,11 @@ class Guard:
 
     # -- the child --
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the unit still waits for the units it starts after (a NotStarted stand-in)."""
+        return self.child is not None and self.child.pid is None
+
     def start_child(self, env: dict | None = None) -> None:
         """Start the unit: ``self.argv``, with ``env`` over the guard's own environment."""
         def own_group():
@@ -220,7 +225,7 @@ class Guard:
         """SIGTERM to the unit's process group, SIGKILL after the grace period. The record
         says when the first of each was sent (``sigterm_at``, ``sigkill_at``). A unit that
         never started ends as a stopped one would (143), and its record says so."""
-        if self.child.pid is None:
+        if self.waiting:
             self.state["not_started"] = True
             return policy.exit_code(-signal.SIGTERM)
         if self.child.poll() is None:
@@ -284,7 +289,7 @@ class Guard:
         # The store answered; the watchdog's allowance runs from here, not from the start.
         self.last_ok = time.monotonic()
         threading.Thread(target=self._await_abort, args=(TCPStore, host, port, self.gen), daemon=True).start()
-        if isinstance(self.child, guard_child.NotStarted):
+        if self.waiting:
             threading.Thread(target=self._await_after, args=(TCPStore, host, port), daemon=True).start()
         return True
 
@@ -310,7 +315,7 @@ class Guard:
             # why (three store ops behind 47 other guards on a busy host); the loop still
             # records the reason and escalates to SIGKILL after the grace period.
             self.state.setdefault("abort_seen_at", time.time())
-            if self.child is not None and self.child.pid is not None and self.child.poll() is None:
+            if self.child is not None and not self.waiting and self.child.poll() is None:
                 self.state.setdefault("sigterm_at", time.time())
                 guard_child.killpg(self.child.pid, signal.SIGTERM)
             self.wake.set()
@@ -356,7 +361,7 @@ class Guard:
                 self.listen_state = "answered"
                 self.wake.set()
                 return
-            if self.child is None or self.child.pid is None:
+            if self.waiting:
                 since = time.monotonic()
             elif self.listen_timeout and time.monotonic() - since > self.listen_timeout:
                 self.listen_state = "late"
@@ -435,9 +440,9 @@ class Guard:
                     abort = self.set_abort({"kind": vocab.AbortKind.STOPPED.value, "host": self.unit["host"],
                                             "unit": self.unit["name"],
                                             "reason": f"{policy.who(self.unit)} got signal {self.signalled}"})
-                if abort is None and self.child.pid is None and self.store.check(self.after_keys):
+                if abort is None and self.waiting and self.store.check(self.after_keys):
                     self.start_child()
-                elif abort is None and code is None and self.child.pid is not None:
+                elif abort is None and code is None and not self.waiting:
                     found = policy.stalled(self.unit, self.progressed(), self.stall_timeout, self.has_progressed,
                                            self.start_timeout)
                     if found:
