@@ -584,6 +584,8 @@ def test_a_unit_of_a_later_phase_starts_only_once_the_master_listens(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         waiting = json.loads((run / "guard-1.json").read_text())
+        # procs[0] guards unit 1: its unit is forked already, held until the master listens.
+        held = Path(f"/proc/{procs[0].pid}/task/{procs[0].pid}/children").read_text().split()
         assert [p.wait(120) for p in procs] == [0, 0]
     finally:
         for p in procs:
@@ -591,10 +593,13 @@ def test_a_unit_of_a_later_phase_starts_only_once_the_master_listens(tmp_path):
     if not (tmp_path / "listening").exists():
         pytest.fail("the master's unit never listened")
     assert waiting["state"] == "starting" and waiting["waiting_for"] == ["tf-r-rank0"]
+    assert "pid" not in waiting
     assert float((tmp_path / "worker_started").read_text()) >= float((tmp_path / "listening").read_text())
     assert json.loads((run / "job.json").read_text())["state"] == "succeeded"
     record = json.loads((run / "guard-1.json").read_text())
     assert record["state"] == "exited" and "waiting_for" not in record and "not_started" not in record
+    # The unit that ran is the process forked before the guard's store threads started.
+    assert held == [str(record["pid"])]
 
 
 def test_a_unit_waiting_for_a_master_that_failed_never_starts(tmp_path):

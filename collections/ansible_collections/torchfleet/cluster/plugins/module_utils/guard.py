@@ -168,11 +168,21 @@ class Guard:
 
     @property
     def waiting(self) -> bool:
-        """Whether the unit still waits for the units it starts after (a NotStarted stand-in)."""
-        return self.child is not None and self.child.pid is None
+        """Whether the unit still waits for the units it starts after: forked and held, or
+        (a unit that is not forked) a NotStarted stand-in."""
+        return self.child is not None and (self.child.pid is None or getattr(self.child, "held", False))
 
-    def start_child(self, env: dict | None = None) -> None:
-        """Start the unit: ``self.argv``, with ``env`` over the guard's own environment."""
+    def start_child(self, env: dict | None = None, hold: bool = False) -> None:
+        """Start the unit: ``self.argv``, with ``env`` over the guard's own environment. With
+        ``hold``, a unit that is forked is forked now, while the guard has no other thread,
+        and runs once a later call releases it: a fork once the guard's store threads run
+        could copy a lock that one of them holds into the unit, whose rendezvous would then
+        wait on it for ever. A unit that is not forked starts with that later call."""
+        if self.waiting and not hold and isinstance(self.child, guard_child.Forked):
+            self.child.release()
+            self._running()
+            return
+
         def own_group():
             os.setpgid(0, 0)
             guard_child.die_with_parent()
@@ -185,11 +195,18 @@ class Guard:
 
         target = policy.preload_target(self.argv, sys.executable)
         if target is not None and guard_child.import_torch():
-            self.child = guard_child.Forked(target, forked_setup)
+            self.child = guard_child.Forked(target, forked_setup, held=hold)
+        elif hold:
+            self.child = guard_child.NotStarted()
         else:
             self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, preexec_fn=own_group,
                                           env=dict(os.environ, **env) if env else None)
+        if not hold:
+            self._running()
+
+    def _running(self) -> None:
+        """The unit runs: its output passed on, its record saying so."""
         self.last_progress, self.has_progressed, self.peer_wait = time.monotonic(), False, None
         self.recent.clear()
         self.output = threading.Thread(target=self._pass_output, args=(self.child, self.attempt), daemon=True)
@@ -226,6 +243,10 @@ class Guard:
         says when the first of each was sent (``sigterm_at``, ``sigkill_at``). A unit that
         never started ends as a stopped one would (143), and its record says so."""
         if self.waiting:
+            if self.child.pid is not None:
+                # Held since the guard's start, it ran nothing of the unit: nothing to grant.
+                guard_child.killpg(self.child.pid, signal.SIGKILL)
+                guard_child.await_exit(self.child, None)
             self.state["not_started"] = True
             return policy.exit_code(-signal.SIGTERM)
         if self.child.poll() is None:
@@ -339,9 +360,9 @@ class Guard:
             signal.signal(signum, self._on_signal)
         self._hold_lock()
         if self.after:
-            # The loop starts it once the store says every unit of ``after`` listens: this
-            # guard meanwhile imports torch, connects and beats, as the master starts.
-            self.child = guard_child.NotStarted()
+            # The loop releases it once the store says every unit of ``after`` listens: this
+            # guard meanwhile connects and beats, as the master starts.
+            self.start_child(hold=True)
             self.state["waiting_for"] = [self.units[i]["name"] for i in self.after]
             self._write_state()
         else:

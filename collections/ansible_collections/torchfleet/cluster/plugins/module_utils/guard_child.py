@@ -26,11 +26,13 @@ class Forked:
     """A unit forked from the guard to run as ``python3 SCRIPT ARGS`` or ``python3 -m MODULE
     ARGS`` would (see guard_policy.preload_target), with what the guard uses of a Popen: pid, stdout,
     poll, wait, returncode. A unit that starts at once forks before the guard starts any
-    thread; one that waits for an earlier phase, or starts a later attempt, forks while the
-    guard's other threads sleep or wait on store sockets that the unit never uses."""
+    thread; so does one that waits for an earlier phase (``held``), which then waits for
+    release() before it runs anything of its own. A later attempt forks while the guard's
+    other threads sleep or wait on store sockets that the unit never uses."""
 
-    def __init__(self, target: tuple[str, str, list[str]], setup) -> None:
+    def __init__(self, target: tuple[str, str, list[str]], setup, held: bool = False) -> None:
         read, write = os.pipe()
+        go, self._go = os.pipe() if held else (None, None)
         sys.stdout.flush()
         sys.stderr.flush()
         with warnings.catch_warnings():
@@ -40,15 +42,25 @@ class Forked:
             pid = os.fork()
         if pid == 0:
             os.close(read)
-            _run_target(target, write, setup)
+            if self._go is not None:
+                os.close(self._go)
+            _run_target(target, write, setup, go)
         os.close(write)
+        if go is not None:
+            os.close(go)
         try:
             os.setpgid(pid, pid)  # also here, so that a stop right away reaches its group
         except OSError:
             pass  # the child did it first
-        self.pid, self.returncode = pid, None
+        self.pid, self.returncode, self.held = pid, None, held
         self.stdout = os.fdopen(read, "rb")
         self._reaping = threading.Lock()
+
+    def release(self) -> None:
+        """Let a held unit run."""
+        os.write(self._go, b"1")
+        os.close(self._go)
+        self._go, self.held = None, False
 
     def poll(self) -> int | None:
         with self._reaping:
@@ -123,15 +135,22 @@ def _exec_as_main(path: str) -> None:
     exec(code, main.__dict__)  # noqa: S102 - the unit's own script, which it would run anyway
 
 
-def _run_target(target: tuple[str, str, list[str]], output: int, setup) -> None:
+def _run_target(target: tuple[str, str, list[str]], output: int, setup, go: int | None = None) -> None:
     """In the forked child: become ``python3 SCRIPT ARGS`` (or ``-m MODULE``), then raise
-    ChildExit with its exit code."""
+    ChildExit with its exit code. Held (``go``), it first waits for its guard's word: a
+    guard that ends instead kills it, or closes the pipe."""
     code = 1
     try:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if go is not None else signal.default_int_handler)
         setup()
+        if go is not None:
+            released = os.read(go, 1)
+            os.close(go)
+            if not released:
+                os._exit(128 + signal.SIGTERM)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(output, 1)
