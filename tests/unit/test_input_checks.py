@@ -193,6 +193,20 @@ def test_a_bad_run_id_exits_2_naming_launch_run_id_wherever_it_enters(tmp_path, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_inventory_is_checked_first_also_when_a_launch_runs_its_check_alone(tmp_path):
+    """launch.yml --tags check: a bad run id fails on the controller, naming the variable,
+    and no node is contacted (those of NODES do not exist: TEST-NET addresses)."""
+    path = tmp_path / "hosts.yml"
+    path.write_text(NODES)
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(ROOT / "playbooks" / "launch.yml"),
+                           "-i", str(path), "--tags", "check", "-e", "launch_run_id=../x"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, TORCHFLEET_RUNS_DIR=str(tmp_path / "runs")))
+    assert done.returncode != 0
+    assert "launch_run_id='../x' must be" in done.stdout + done.stderr
+    assert "UNREACHABLE" not in done.stdout and "node-1" not in done.stdout.split("PLAY RECAP")[-1]
+
+
 def test_an_input_error_is_said_once_without_ansibles_task_unless_verbose(tmp_path):
     inventory = NODES.replace("192.0.2.2}", "192.0.2.1}")
     code, _, stderr = torchfleet(tmp_path, inventory, "plan", json_out=False)
