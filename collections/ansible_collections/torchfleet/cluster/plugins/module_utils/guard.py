@@ -169,8 +169,8 @@ class Guard:
     @property
     def waiting(self) -> bool:
         """Whether the unit still waits for the units it starts after: forked and held, or
-        (a unit that is not forked) a NotStarted stand-in."""
-        return self.child is not None and (self.child.pid is None or getattr(self.child, "held", False))
+        (a unit that is not forked) a NotStarted stand-in, which is held for good."""
+        return getattr(self.child, "held", False)
 
     def start_child(self, env: dict | None = None, hold: bool = False) -> None:
         """Start the unit: ``self.argv``, with ``env`` over the guard's own environment. With

@@ -88,6 +88,7 @@ class NotStarted:
 
     pid = None
     returncode = None
+    held = True
 
     def poll(self) -> None:
         return None
