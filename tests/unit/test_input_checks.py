@@ -230,3 +230,27 @@ def test_the_hosts_of_an_input_error_come_in_the_nodes_order_not_the_events():
                 for h in ("node-10", "node-2", "node-1")]
     assert input_error(failures).message == "hosts node-1, node-2, node-10: a is wrong"
     assert input_error(failures).host == "node-1"
+
+
+@pytest.mark.parametrize("host_vars, master", [
+    ({"node-1": {}, "node-2": {}, "node-3": {}}, "node-1"),
+    ({"node-1": {"torchfleet_node_rank": 2}, "node-2": {"torchfleet_node_rank": "{{ 1 - 1 }}"},
+      "node-3": {"torchfleet_node_rank": 1}}, "node-2"),
+    ({"node-1": {"torchfleet_node_rank": 0}, "node-2": {}, "node-3": {}}, None),
+])
+def test_the_inventory_check_names_the_master_that_a_status_or_a_stop_asks_first(tmp_path, host_vars, master):
+    """run.yml's status and stop ask the node that a launch makes the master first; the
+    inventory's check adds it to the group they read, or none where the node ranks cannot
+    say, and the master's play then has only the controller. Naming it changes nothing."""
+    (tmp_path / "hosts.yml").write_text(json.dumps({"torchfleet_nodes": {"hosts": {
+        h: {"ansible_host": f"192.0.2.{i}", **v} for i, (h, v) in enumerate(host_vars.items(), 1)}}}))
+    book = tmp_path / "book.yml"
+    book.write_text(f"- import_playbook: {ROOT / 'playbooks' / 'inventory.yml'}\n"
+                    "  vars: {launch__master_group: torchfleet_run_master}\n"
+                    "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                    "    - debug: {msg: \"MASTER={{ groups.torchfleet_run_master | default(['none']) | join(',') }}\"}\n")
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(book), "-i", str(tmp_path / "hosts.yml")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert f"MASTER={master or 'none'}\n" in done.stdout
+    assert "changed=0" in done.stdout.split("PLAY RECAP")[-1]

@@ -6,16 +6,17 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet import hosts, inputs, lookalike
+from torchfleet import hosts, inputs, lookalike, ranks
 from torchfleet.errors import InventoryError
 
 display = Display()
 
-ARGS = {"group": {"type": "str", "required": True}, "roles_dir": {"type": "path", "required": True}}
+ARGS = {"group": {"type": "str", "required": True}, "roles_dir": {"type": "path", "required": True},
+        "master_group": {"type": "str"}}
 # Variables torchfleet's own tasks set, which are not the user's to set.
 SET_BY_TASKS = {"cpu_pinning_plan", "overlay_node_address", "launch_plan_view"}
-# What a host's connection and its run id are read from.
-_READ = ("ansible_connection", "ansible_host", "ansible_port", "launch_run_id")
+# What a host's connection, its run id and its node rank are read from.
+_READ = ("ansible_connection", "ansible_host", "ansible_port", "launch_run_id", ranks.NODE_RANK_VAR)
 
 
 class ActionModule(ActionBase):
@@ -46,4 +47,10 @@ class ActionModule(ActionBase):
             return core.fail_input(result, exc)
         # The nodes: the API counts them, not the localhost that ran this check.
         result.update(changed=False, torchfleet_hosts=names)
+        # Named here, where every host's variables are read already: a play of its own that
+        # named it cost a status or a stop 0.08 s at 48 nodes before the master was asked.
+        master = ranks.likely_master(names, {h: read[h].get(ranks.NODE_RANK_VAR) for h in names})
+        result["torchfleet_master"] = master or ""
+        if master and args["master_group"]:
+            result["add_host"] = {"host_name": master, "groups": [args["master_group"]], "host_vars": {}}
         return result

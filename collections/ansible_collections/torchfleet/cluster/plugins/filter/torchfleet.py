@@ -68,12 +68,6 @@ def split_site_env(settings, secret, host):
         return {"public": {}, "secret": {}, "shown": {}, "error": {"message": str(exc), "variable": exc.variable}}
 
 
-def run_master(names, hostvars):
-    """The node of ``names`` that a launch from this inventory makes the master, or "" where
-    the inventory cannot say (torchfleet.ranks.likely_master)."""
-    return ranks.likely_master(names, {n: hostvars[n].get(ranks.NODE_RANK_VAR) for n in names}) or ""
-
-
 def running_runs(nodes, bare):
     """The runs of the job that still run on ``nodes`` (hostvars entries), as node_probe
     (process modes) or rank_containers (container modes) found them."""
@@ -210,7 +204,6 @@ class FilterModule:
             "node_checks": node_checks,
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
-            "run_master": run_master,
             "follow_order": attempts.follow_order,
             "collect_plans": outputs.collect_plans,
             "files_to_copy": files_to_copy,

@@ -16,6 +16,9 @@ description:
     group I(group) (naming the groups it has), on a launch_run_id that is not a plain name
     (torchfleet.inputs.RUN_ID), and on two hosts whose connections go to one address and port
     (torchfleet.hosts).
+  - Names the node that a launch from this inventory makes the master (torchfleet.ranks.likely_master), and
+    with I(master_group) adds it to that group, as M(ansible.builtin.add_host) would: a status or a stop asks it
+    first.
 author: torchfleet developers (!UNKNOWN)
 notes:
   - An action plugin; it runs on the controller, needs no connection, and needs the torchfleet
@@ -29,6 +32,11 @@ options:
     description: torchfleet's roles, whose variables are the known names.
     type: path
     required: true
+  master_group:
+    description:
+      - The group to add the master to, for the plays after this one. Not given, or where the inventory cannot
+        name the master (its node ranks are set on some hosts only, or twice), no host is added.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -46,6 +54,10 @@ torchfleet_hosts:
   returned: success
   type: list
   elements: str
+torchfleet_master:
+  description: The master's inventory name, or an empty string where the inventory cannot say.
+  returned: success
+  type: str
 torchfleet_warnings:
   description: The lookalike warnings, each with its C(message), failed or not.
   returned: always
