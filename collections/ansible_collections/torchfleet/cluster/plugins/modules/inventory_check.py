@@ -17,7 +17,7 @@ description:
     (torchfleet.inputs.RUN_ID), and on two hosts whose connections go to one address and port
     (torchfleet.hosts).
   - Names the node that a launch from this inventory makes the master (torchfleet.ranks.likely_master), and
-    with I(master_group) adds it to that group, as M(ansible.builtin.add_host) would: a status or a stop asks it
+    with I(master_group) adds it to that group, as M(ansible.builtin.add_host) would; a status or a stop asks it
     first.
 author: torchfleet developers (!UNKNOWN)
 notes:
