@@ -49,8 +49,8 @@ class ActionModule(ActionBase):
         result.update(changed=False, torchfleet_hosts=names)
         # Named here, where every host's variables are read already: a play of its own that
         # named it cost a status or a stop 0.08 s at 48 nodes before the master was asked.
-        master = ranks.likely_master(names, {h: read[h].get(ranks.NODE_RANK_VAR) for h in names})
-        result["torchfleet_master"] = master or ""
-        if master and args["master_group"]:
-            result["add_host"] = {"host_name": master, "groups": [args["master_group"]], "host_vars": {}}
+        if args["master_group"]:
+            master = ranks.likely_master(names, {h: read[h].get(ranks.NODE_RANK_VAR) for h in names})
+            if master:
+                result["add_host"] = {"host_name": master, "groups": [args["master_group"]], "host_vars": {}}
         return result

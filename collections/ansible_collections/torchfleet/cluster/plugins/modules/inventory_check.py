@@ -16,9 +16,9 @@ description:
     group I(group) (naming the groups it has), on a launch_run_id that is not a plain name
     (torchfleet.inputs.RUN_ID), and on two hosts whose connections go to one address and port
     (torchfleet.hosts).
-  - Names the node that a launch from this inventory makes the master (torchfleet.ranks.likely_master), and
-    with I(master_group) adds it to that group, as M(ansible.builtin.add_host) would; a status or a stop asks it
-    first.
+  - With I(master_group), adds the node that a launch from this inventory makes the master
+    (torchfleet.ranks.likely_master) to that group, as M(ansible.builtin.add_host) would; a status or a stop asks
+    it first.
 author: torchfleet developers (!UNKNOWN)
 notes:
   - An action plugin; it runs on the controller, needs no connection, and needs the torchfleet
@@ -54,10 +54,6 @@ torchfleet_hosts:
   returned: success
   type: list
   elements: str
-torchfleet_master:
-  description: The master's inventory name, or an empty string where the inventory cannot say.
-  returned: success
-  type: str
 torchfleet_warnings:
   description: The lookalike warnings, each with its C(message), failed or not.
   returned: always
