@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from torchfleet.report import parse_steps, parse_time
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 

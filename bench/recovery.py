@@ -40,7 +40,7 @@ from pathlib import Path
 import torchfleet
 from torchfleet import Job
 from torchfleet.idx import make_dataset
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 # Run as a script, this folder is on the path: scale.py's ways into its bench nodes serve here too.
 from scale import sh, ssh_opts

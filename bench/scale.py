@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torchfleet
 from torchfleet import Job, JobFailed
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "torchfleet/train:2.13.0-cpu"

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 # job.json's keys for the attempts (docs/recovery.md#the-record); absent without restarts.
 ATTEMPT, MAX_ATTEMPTS, ATTEMPTS, RESTARTING, MOVED_TO = "attempt", "max_attempts", "attempts", "restarting", "moved_to"

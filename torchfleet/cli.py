@@ -26,14 +26,14 @@ from rich.table import Table
 
 from torchfleet import api, attempts, progress
 from torchfleet.errors import Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed, TorchfleetError
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 # Piped output (CI logs, files) gets wide tables rather than truncated cells.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_TASK_FAILED, EXIT_OTHER = 0, 1, 2, 3, 4
 EXIT_NODE_LOST, EXIT_STALLED, EXIT_RUNNING, EXIT_INTERRUPTED = 5, 6, 7, 130
 # How the guards' reason for stopping a run maps to an exit code.
-# (torchfleet.vocab: the kinds of abort). A run whose store never came up never got going:
+# (torchfleet.run_vocab: the kinds of abort). A run whose store never came up never got going:
 # that is a failed start, as a task that failed before the job ran.
 EXIT_BY_ABORT = {vocab.AbortKind.NODE_LOST: EXIT_NODE_LOST, vocab.AbortKind.STALLED: EXIT_STALLED,
                  vocab.AbortKind.TIMEOUT: EXIT_STALLED, vocab.AbortKind.NOT_STARTED: EXIT_TASK_FAILED}

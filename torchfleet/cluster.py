@@ -23,7 +23,7 @@ from torchfleet.errors import (HostUnreachable, Interrupted, InventoryError, Job
 from torchfleet.events import Collector, EventHook, input_error, lost_only
 from torchfleet.inputs import check_run_id, new_run_id
 from torchfleet.results import HostResult, Plan, PlaybookResult, RunResult, RunStatus
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 
 @dataclass
@@ -137,17 +137,22 @@ class Cluster:
         """``on_warning`` gets each lookalike warning (torchfleet.lookalike) as soon as the
         inventory check makes it, before any check that can fail; ``warnings`` keeps them.
         ``verbose`` shows every failed task as Ansible names it, input errors included."""
+        # A checkout runs its own playbooks and settings; an installed torchfleet, the
+        # collection's. The user's runs and state go to the checkout, or the current folder.
         self.project_dir = Path(project_dir).resolve() if project_dir else runner.find_project()
+        self.workdir = self.project_dir or Path.cwd().resolve()
         if inventory is None:
-            inventory = self.project_dir / "inventory" / "local"
+            inventory = self.workdir / "inventory" / "local"
         sources = [inventory] if isinstance(inventory, (str, Path)) else list(inventory)
         self.inventory = [Path(s).resolve() for s in sources]
         for source in self.inventory:
             if not source.exists():
                 raise InventoryError(f"inventory {source} does not exist", variable="inventory")
         self.extra_vars = dict(extra_vars or {})
-        runs_dir = runs_dir or os.environ.get("TORCHFLEET_RUNS_DIR") or self.project_dir / "runs"
+        runs_dir = runs_dir or os.environ.get("TORCHFLEET_RUNS_DIR") or self.workdir / "runs"
         self.runs_dir = Path(runs_dir).resolve()
+        # Controller-side state: keys, certificates, image archives (the roles' torchfleet_state_dir).
+        self.state_dir = Path(os.environ.get("TORCHFLEET_STATE_DIR") or self.workdir / ".torchfleet").resolve()
         self.env = dict(env or {})
         self.on_warning = on_warning
         self.warnings: list[dict[str, Any]] = []
@@ -164,7 +169,7 @@ class Cluster:
 
     def plan(self, job: Job | None = None) -> Plan:
         """The rank table and each rank's environment. Changes nothing on any node."""
-        result, collected = self._run("playbooks/plan.yml", "plan", job.to_vars() if job else {})
+        result, collected = self._run(runner.playbook("plan"), "plan", job.to_vars() if job else {})
         self._raise_for(result, "plan")
         view = collected.debug_vars.get("launch_plan_view")
         if not view:
@@ -173,7 +178,7 @@ class Cluster:
 
     def provision(self, **extra_vars: Any) -> PlaybookResult:
         """Run site.yml: container runtime, image, dataset (and TLS when asked)."""
-        result, _ = self._run("site.yml", "provision", extra_vars)
+        result, _ = self._run(runner.playbook("site"), "provision", extra_vars)
         self._raise_for(result, "provision")
         return result
 
@@ -184,7 +189,7 @@ class Cluster:
         job = job or Job()
         run_id = check_run_id(job.run_id or self.extra_vars.get("launch_run_id") or new_run_id())
         variables = dict(job.to_vars(), launch_run_id=run_id)
-        result, _ = self._run("playbooks/launch.yml", f"launch {run_id}", variables, interruptible=True)
+        result, _ = self._run(runner.playbook("launch"), f"launch {run_id}", variables, interruptible=True)
         if result.interrupted:
             self._stop_interrupted(run_id, result.interrupted)
         return self._finish(result, run_id)
@@ -196,7 +201,7 @@ class Cluster:
         job = job or Job()
         run_id = check_run_id(job.run_id or self.extra_vars.get("launch_run_id") or new_run_id())
         variables = dict(job.to_vars(), launch_run_id=run_id, launch_detach=True)
-        result, _ = self._run("playbooks/launch.yml", f"submit {run_id}", variables, interruptible=True)
+        result, _ = self._run(runner.playbook("launch"), f"submit {run_id}", variables, interruptible=True)
         if result.interrupted:
             self._stop_interrupted(run_id, result.interrupted)
         if not result.ok:
@@ -242,7 +247,7 @@ class Cluster:
 
     def _control(self, action: str, run_id: str | None, interruptible: bool = False,
                  **variables: Any) -> dict[str, Any]:
-        result, collected = self._run("playbooks/run.yml", f"{action} {run_id or ''}".strip(),
+        result, collected = self._run(runner.playbook("run"), f"{action} {run_id or ''}".strip(),
                                       dict(variables, launch_run_action=action,
                                            **({"launch_run_id": run_id} if run_id else {})), interruptible)
         if result.interrupted:
@@ -318,7 +323,7 @@ class Cluster:
 
     def down(self) -> PlaybookResult:
         """Stop and remove every rank torchfleet started on the nodes."""
-        result, _ = self._run("playbooks/down.yml", "down", {})
+        result, _ = self._run(runner.playbook("down"), "down", {})
         self._raise_for(result, "down")
         return result
 
@@ -342,16 +347,18 @@ class Cluster:
 
     def _run(self, playbook: str, title: str, variables: Mapping[str, Any],
              interruptible: bool = False) -> tuple[PlaybookResult, Collector]:
-        """Run a playbook. SIGTERM or Ctrl-C cancels it; with ``interruptible`` the signal is
-        then the caller's to handle (``result.interrupted``), else it goes on at once."""
+        """Run ``playbook``, one of the collection's (runner.playbook) or a file in the working
+        folder. SIGTERM or Ctrl-C cancels it; with ``interruptible`` the signal is then the
+        caller's to handle (``result.interrupted``), else it goes on at once."""
         import ansible_runner
 
         collector = Collector(self._hook_factory(title), self._warn)
         env = {
             # The venv's ansible-playbook, whatever PATH the caller has.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
+            "ANSIBLE_CONFIG": str(runner.ansible_config(self.project_dir)),
             "TORCHFLEET_RUNS_DIR": str(self.runs_dir),
+            "TORCHFLEET_STATE_DIR": str(self.state_dir),
             # ansible-runner empties a task result over 700 KB in its event, where the API
             # reads what a playbook shows (a plan, a run's status, its logs), which grows
             # with the cluster: at 48 nodes a status did not come back.
@@ -369,10 +376,11 @@ class Cluster:
             runner.write_private(private / "env" / "settings", json.dumps({"pexpect_timeout": 1}))
             ran = ansible_runner.run(
                 private_data_dir=str(private),
-                project_dir=str(self.project_dir),
+                project_dir=str(self.workdir),
                 # ansible-playbook through torchfleet.playbook_child: it ends with this process.
                 binary=runner.PLAYBOOK_CHILD,
-                cmdline=shlex.quote(str(self.project_dir / playbook)),
+                cmdline=shlex.quote(playbook if playbook.startswith(runner.COLLECTION + ".") else
+                                    str(self.workdir / playbook)),
                 inventory=[str(p) for p in self.inventory],
                 envvars=env,
                 event_handler=collector,

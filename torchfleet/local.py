@@ -1,4 +1,4 @@
-"""The local cluster: docker hosts on this machine (playbooks/local_cluster.yml), each
+"""The local cluster: docker hosts on this machine (the local_cluster playbook), each
 running its own Docker engine as a real node does, and a Cluster on them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from torchfleet.cluster import Cluster
 from torchfleet.events import EventHook
 from torchfleet.results import PlaybookResult
-from torchfleet.runner import find_project
+from torchfleet import runner
 
 
 def local_up(nodes: int = 3, *, name: str = "torchfleet", subnet: str | None = None,
@@ -35,25 +35,15 @@ def local_down(*, name: str = "torchfleet", inventory_dir: str | Path | None = N
 
 def _local_cluster_playbook(title: str, variables: Mapping[str, Any], name: str, inventory_dir: str | Path | None,
                             project_dir: str | Path | None, progress: bool | EventHook,
-                            env: Mapping[str, str] | None) -> tuple[Path, Path, PlaybookResult]:
-    """Run playbooks/local_cluster.yml on this machine for the cluster ``name``."""
-    project = Path(project_dir).resolve() if project_dir else find_project()
-    inventory = _local_inventory(project, inventory_dir)
-    controller = Cluster(project / "inventory" / "local", project_dir=project, progress=progress, env=env,
+                            env: Mapping[str, str] | None) -> tuple[Path | None, Path, PlaybookResult]:
+    """Run the local_cluster playbook on this machine for the cluster ``name``. Its inventory
+    goes to ``inventory_dir`` (default: inventory/local in the checkout or the current
+    folder), the local cluster's settings beside it (group_vars/all.yml)."""
+    project = Path(project_dir).resolve() if project_dir else runner.find_project()
+    inventory = Path(inventory_dir).resolve() if inventory_dir else (project or Path.cwd()) / "inventory" / "local"
+    controller = Cluster([], project_dir=project, progress=progress, env=env,
                          extra_vars={"local_cluster_name": name, "local_cluster_inventory": str(inventory / "hosts.yml"),
                                      **variables})
-    result, _ = controller._run("playbooks/local_cluster.yml", title, {})
+    result, _ = controller._run(runner.playbook("local_cluster"), title, {})
     controller._raise_for(result, title)
     return project, inventory, result
-
-
-def _local_inventory(project: Path, inventory_dir: str | Path | None) -> Path:
-    """The local cluster's inventory folder; another than the default shares its group_vars."""
-    if inventory_dir is None:
-        return project / "inventory" / "local"
-    folder = Path(inventory_dir).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    link = folder / "group_vars"
-    if not link.exists():
-        link.symlink_to(project / "inventory" / "local" / "group_vars")
-    return folder

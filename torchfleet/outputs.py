@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from torchfleet import report
 from torchfleet.inputs import RUN_CHECKPOINTS
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 VARIABLE = "launch_collect_out_max_mb"
 MB = 1 << 20

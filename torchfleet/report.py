@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchfleet import attempts, modes
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 STEP_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)?.*?Train Epoch: (?P<epoch>\d+) "

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from torchfleet.errors import TorchfleetError
 from torchfleet.units import RankSpec
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from torchfleet import attempts
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 # Where a status was read from (RunStatus.source).
 FROM_RECORD = "record"

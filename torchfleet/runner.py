@@ -14,23 +14,43 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from torchfleet.errors import TorchfleetError
 
 
-def find_project(start: str | Path | None = None) -> Path:
-    """The folder holding site.yml and the roles: $TORCHFLEET_PROJECT, the current folder
-    or one above it, or the clone this package was installed from."""
+# torchfleet's playbooks, by their name in the collection: Ansible finds the checkout's
+# (ansible.cfg's collections_path) or the installed one's (the wheel's, or ansible-galaxy's).
+COLLECTION = "torchfleet.cluster"
+
+
+def playbook(name: str) -> str:
+    """The collection's playbook ``name`` (site, launch, plan, run, down, local_cluster)."""
+    return f"{COLLECTION}.{name}"
+
+
+def find_project(start: str | Path | None = None) -> Path | None:
+    """The torchfleet checkout to run from: $TORCHFLEET_PROJECT, or the current folder or one
+    above it that holds galaxy.yml, ansible.cfg and roles/launch. None when torchfleet runs as
+    installed: its playbooks then come from the installed collection, and its Ansible
+    settings from the package (:func:`ansible_config`)."""
     if os.environ.get("TORCHFLEET_PROJECT"):
         return Path(os.environ["TORCHFLEET_PROJECT"]).resolve()
     here = Path(start or Path.cwd()).resolve()
-    for folder in (here, *here.parents, Path(__file__).resolve().parents[1]):
-        if (folder / "site.yml").is_file() and (folder / "roles" / "launch").is_dir():
+    for folder in (here, *here.parents):
+        if all((folder / name).exists() for name in ("galaxy.yml", "ansible.cfg", "roles/launch")):
             return folder
-    raise TorchfleetError("cannot find torchfleet's playbooks (site.yml, roles/); run from a clone "
-                          "of torchfleet or set TORCHFLEET_PROJECT")
+    return None
+
+
+def ansible_config(project: Path | None) -> Path:
+    """The Ansible settings a playbook runs with: the checkout's ansible.cfg (a link to the
+    package's), or the installed package's own."""
+    if project is not None:
+        return project / "ansible.cfg"
+    return Path(str(resources.files("torchfleet") / "ansible.cfg"))
 
 
 PRIVATE_PREFIX = "torchfleet-runner-"

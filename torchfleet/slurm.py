@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from torchfleet import cpus, ranks
 from torchfleet.errors import InventoryError
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 CONTROLLER_VAR = "slurm_controller"
 # Slurm's own rule for ClusterName (lower case, as slurmctld folds it) and partition names.

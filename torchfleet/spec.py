@@ -22,7 +22,7 @@ from torchfleet.modes.context import NodeContext
 from torchfleet.ranks import RANK_ENV_NAMES
 from torchfleet.report import PEER_ERROR_RE
 from torchfleet.units import CONTAINER_OUT, LaunchSpec, Mount, RankSpec, Unit  # noqa: F401  (the spec's parts)
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 # What the launch sets for every rank besides the rank variables; the user may not set them.
 RESERVED_ENV = RANK_ENV_NAMES + ("TORCHFLEET_DATA_DIR", "TORCHFLEET_OUT_DIR", "TORCHFLEET_RUN_ID",
                                  "TORCHFLEET_CPUSETS", "TORCHFLEET_THREADS", "TORCHFLEET_HEARTBEAT",

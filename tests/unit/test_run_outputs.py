@@ -17,7 +17,7 @@ from test_rank_processes import _start, _until
 from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_files as rf
 from ansible_collections.torchfleet.cluster.plugins.modules import run_outputs
 from torchfleet import outputs, report
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 
 pytestmark = pytest.mark.skipif(rf.systemd(), reason="this machine runs systemd: ranks become units")
 

@@ -14,7 +14,7 @@ from torchfleet import inputs, modes, report, spec
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import rank_table
 from torchfleet.slurm import STEP_SHELL
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 HOSTS = [("node-1.example", "10.0.0.11", 2), ("node-2.example", "10.0.0.12", 1)]
 SLURM_NAMES = {"node-1.example": "n1", "node-2.example": "n2"}

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from torchfleet.modes import LaunchMode, register
 from torchfleet.modes.context import NodeContext
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 
 # What a later attempt renumbers (launch_max_restarts): the rank's variables.

@@ -13,7 +13,7 @@ from torchfleet.errors import InventoryError
 from torchfleet.modes import LaunchMode, Unsupported, refuse_restarts, register
 from torchfleet.modes.context import PIN, NodeContext, pin_env
 from torchfleet.units import CONTAINER_WORKLOAD, Mount
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 # mpirun's tagged output, on the master node and in runs/RUN/.
 LOG = "mpirun.log"
@@ -35,6 +35,11 @@ class Mpirun(LaunchMode):
     def unsupported(self, job: Mapping[str, Any]) -> tuple[Unsupported, ...]:
         why = "one mpirun launcher starts every rank over SSH, so the guards cannot restart the ranks or a subset of them"
         return super().unsupported(job) + (refuse_restarts(job, why),)
+
+    def pod_refusal(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
+        return ("launch_mode", "launch_mode=mpirun starts the ranks over torchfleet's SSH mesh (ssh_mesh: sshd in "
+                               "every node's container); in a pod torchrun starts them, so render launch_mode "
+                               "container or torchrun")
 
     def check_node(self, host: str, settings: Mapping[str, Any], table: Mapping[str, Any]) -> None:
         if settings.get("ssh_launcher") not in (None, "", table["master_host"]):

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from torchfleet import slurm
 from torchfleet.modes import Unsupported, refuse_restarts, register
 from torchfleet.modes.process import Process
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 
 class Slurm(Process):

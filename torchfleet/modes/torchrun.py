@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from torchfleet import report
 from torchfleet.modes import LaunchMode, register
 from torchfleet.modes.context import PIN, NodeContext, pin_env, restarts
-from torchfleet.vocab import run_vocab
+from torchfleet import run_vocab
 
 # torchrun picks MASTER_PORT for its ranks itself (its store's port), so a plan cannot know it.
 TORCHRUN_DECIDES = ("MASTER_PORT",)
@@ -27,6 +27,10 @@ class Torchrun(LaunchMode):
 
     def chosen_by(self, job: Mapping[str, Any]) -> str:
         return f"launch_mode=torchrun with launch_torchrun_runtime={self.runtime(job)}"
+
+    def pod_refusal(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
+        refusal = super().pod_refusal(job)
+        return ("launch_torchrun_runtime", refusal[1]) if refusal else None
 
     def build(self, ctx: NodeContext) -> None:
         """One torchrun agent per node, static rendezvous on the master at MASTER_PORT: the

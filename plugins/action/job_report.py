@@ -6,7 +6,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
-from torchfleet.vocab import run_vocab as vocab
+from torchfleet import run_vocab as vocab
 from torchfleet import modes, report
 
 display = Display()

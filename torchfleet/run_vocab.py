@@ -1,10 +1,12 @@
 """The vocabulary of a run: its folder's files, its store's keys, its states and the kinds of
 abort, and the run's state as a node's folder shows it.
 
-Everything that reads or writes a run says it in these words: the guard (which imports this
-file from beside itself, in the run's folder on every node), the node modules, the action
-plugins and the torchfleet package (torchfleet.vocab). Standard library only: it runs in the
-ranks' Python as well as in Ansible's.
+Everything that reads or writes a run says it in these words: the torchfleet package, the
+collection's plugins, and the node side (the guard, in the run's folder on every node, and
+the node modules). The package owns this file. The collection depends on the package and
+carries it to the nodes as ``plugins/module_utils/run_vocab.py``: a link here in the
+checkout, a copy in the built collection. Standard library only: it runs in the ranks'
+Python as well as in Ansible's.
 """
 
 from __future__ import annotations

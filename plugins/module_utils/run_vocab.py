@@ -1,0 +1,1 @@
+../../torchfleet/run_vocab.py
