@@ -12,9 +12,13 @@ stopped and the logs collected. Ctrl-C on attach or logs -f only detaches (exit 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchfleet import api, attempts, progress
+from torchfleet import api, attempts, livesync, progress
 from torchfleet.errors import Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed, TorchfleetError
 from torchfleet import run_vocab as vocab
 
@@ -32,6 +36,9 @@ from torchfleet import run_vocab as vocab
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT, EXIT_TASK_FAILED, EXIT_OTHER = 0, 1, 2, 3, 4
 EXIT_NODE_LOST, EXIT_STALLED, EXIT_RUNNING, EXIT_INTERRUPTED = 5, 6, 7, 130
+# launch's flags that plan leaves out: how the controller follows the run, and what it does
+# with an earlier run of the job. Every other launch flag shapes the run, and plan takes it.
+LAUNCH_ONLY = ("--detach", "--replace")
 # How the guards' reason for stopping a run maps to an exit code.
 # (torchfleet.run_vocab: the kinds of abort). A run whose store never came up never got going:
 # that is a failed start, as a task that failed before the job ran.
@@ -108,12 +115,12 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
                           escape(r.env.get("LD_PRELOAD") or "-"), r.runner,
                           "ready" if r.runtime_ready else "[yellow]missing (run up)[/]")
         out.print(table)
-        if args.env:
+        if args.show_env:
             for r in plan.ranks:
                 out.print(f"[bold]rank {r.rank}[/] argv {escape(' '.join(r.argv))}   cwd {escape(r.workdir)}")
                 out.print("  " + " ".join(f"{k}={escape(v)}" for k, v in r.env.items()))
         else:
-            out.print("Each rank's command and environment: torchfleet plan --env (or --json). Nothing was changed.")
+            out.print("Each rank's command and environment: torchfleet plan --show-env (or --json). Nothing was changed.")
     return {"ok": True, "plan": plan.to_dict()}
 
 
@@ -256,6 +263,49 @@ def cmd_logs(args: argparse.Namespace) -> dict[str, Any]:
                      for r in run.ranks if r.rank in logs}}
 
 
+def cmd_tensorboard(args: argparse.Namespace) -> dict[str, Any]:
+    """Keep the run's out folders in step on this machine while it runs and serve their event
+    files with TensorBoard, until Ctrl-C (torchfleet.livesync)."""
+    cluster = _cluster(args)
+    # Its lines go beside --json's document, which comes at the end.
+    say = progress.console.print if args.json else out.print
+    run_id = args.run_id or _running_run(cluster)
+    # SIGTERM ends it as Ctrl-C does: TensorBoard stopped, the layout removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    folder = Path(tempfile.mkdtemp(prefix="torchfleet-tensorboard-"))
+    sync = livesync.LiveSync(cluster, run_id, folder / "logdir")
+    last: livesync.Round | None = None
+    try:
+        last = sync.step()
+        livesync.require_run(last, sync)
+        sync.relink()
+        with livesync.serve(sync.view, args.host, args.port, reload_s=min(args.interval, 5.0)) as url:
+            say(f"TensorBoard at {url} : run {run_id}, its out folders brought into {escape(str(sync.out_root))} "
+                f"every {args.interval:g} s while it runs. Ctrl-C stops.")
+            if last.running:
+                news = livesync.News(last)
+                last = sync.follow(args.interval, on_round=lambda done: [
+                    say(f"[yellow]warning:[/] {escape(text)}" if warn else escape(text)) for warn, text in news(done)])
+            say(f"run {run_id} is {last.state}: nothing more to bring. TensorBoard goes on serving; Ctrl-C stops.")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        say(f"stopped TensorBoard and the sync of run {run_id} ({sync.rounds} rounds, {sync.bytes / 1e6:.1f} MB brought)")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"ok": True, "run_id": run_id, "state": last.state if last else None, "rounds": sync.rounds,
+            "bytes": sync.bytes, "out": str(sync.out_root)}
+
+
+def _running_run(cluster: api.Cluster) -> str:
+    """The newest run that runs on the cluster."""
+    running = [r["run_id"] for r in cluster.cluster_runs() if r.get("state") == vocab.RunState.RUNNING]
+    if not running:
+        raise InventoryError("no run runs on the cluster; name one (torchfleet runs lists them)", variable="run_id")
+    return running[-1]
+
+
 def cmd_down(args: argparse.Namespace) -> dict[str, Any]:
     return _hosts_result(args, _cluster(args).down())
 
@@ -358,23 +408,51 @@ def _print_run(run: api.RunResult) -> None:
     out.print(table)
     for line in attempts.ended_lines(run.attempts):
         out.print(escape(line))
-    if run.ok:
-        succeeded = attempts.succeeded_words(run.attempts, run.max_attempts)
-        if succeeded:
-            out.print(f"run {run.run_id} {escape(succeeded)}")
-        if run.checksums_equal is not None:
-            out.print(f"checksums equal on every rank: {'yes' if run.checksums_equal else '[red]no[/]'}")
     for label, path in (("logs, summary", run.run_dir), ("loss plot", run.loss_plot), ("model", run.model)):
         if path:
             out.print(f"{label}: {escape(path)}")
     brought = sorted(h for h, o in run.outputs.items() if o.get("dir"))
     if brought:
         out.print(f"out folders: {escape(str(Path(run.run_dir) / 'out'))} ({', '.join(brought)})")
-    for host in sorted(run.outputs):
-        if run.outputs[host].get("message"):
-            out.print(f"[yellow]left on the node:[/] {escape(run.outputs[host]['message'])}")
+    for line in run_warnings(run):
+        out.print(f"[yellow]warning:[/] {escape(line)}")
+    verdict = run_verdict(run)
+    if verdict:
+        out.print(verdict)
+
+
+def run_warnings(run: api.RunResult) -> list[str]:
+    """What a run's report says beside its verdict: files its limit left on a node, nodes
+    the controller could not reach (with the collect command that fetches their logs), and
+    ranks whose checksums differ. Warnings, never the verdict: a run is judged by its ranks."""
+    lines = [f"left on the node: {run.outputs[host]['message']}" for host in sorted(run.outputs)
+             if run.outputs[host].get("message")]
     if run.note:
-        out.print(f"[yellow]{escape(run.note)}[/]")
+        lines.append(run.note)
+    if run.ok and run.checksums_equal is False:
+        lines.append("the ranks' checksums differ: their parameters did not end the same")
+    return lines
+
+
+def run_verdict(run: api.RunResult) -> str | None:
+    """The run's last line, in the colour of the command's exit code: green for a run that
+    succeeded (and in which attempt), yellow for one stopped on request; None for a failed
+    run, whose error follows in red."""
+    if run.ok:
+        succeeded = attempts.succeeded_words(run.attempts, run.max_attempts) or "succeeded"
+        same = "; checksums equal on every rank" if run.checksums_equal else ""
+        return f"[green]✓[/] run {run.run_id} {escape(succeeded)}{same}"
+    if (run.abort or {}).get("kind") == vocab.AbortKind.STOPPED:
+        return f"[yellow]■[/] run {run.run_id} stopped: {escape(run.abort.get('reason') or 'on request')}"
+    return None
+
+
+def version() -> str:
+    """The installed package's version, as pip knows it."""
+    try:
+        return importlib.metadata.version("torchfleet")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: no version)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -390,40 +468,43 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="torchfleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"torchfleet {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    # Every flag that shapes the run, the same on plan and launch: the plan is what that launch runs.
     job = argparse.ArgumentParser(add_help=False)
     job.add_argument("--workload", help="training script or folder on this machine (default: launch_workload)")
     job.add_argument("--entrypoint", help="script in the workload folder, or '-m package.module' (launch_entrypoint)")
-    job.add_argument("--job", help="job name (containers of an earlier crashed run of it are removed first)")
+    job.add_argument("--job", help="job name (default: launch_job, else the workload's script or folder name; "
+                                   "containers of an earlier crashed run of it are removed first)")
     job.add_argument("--master-port", type=int, help="MASTER_PORT")
     job.add_argument("--run-id", help="the run's id (default: time plus a random suffix); a plan with the same id "
                                       "shows exactly what that launch runs")
+    job.add_argument("--env", dest="env_vars", action="append", metavar="KEY=VALUE", help="more rank environment")
+    job.add_argument("--secret-env", action="append", metavar="NAME",
+                     help="pass this environment variable's value to the ranks as a secret (never shown)")
+    job.add_argument("--timeout", type=int, help="seconds before the guards stop the job (launch_timeout)")
+    job.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
 
     p = sub.add_parser("plan", parents=[common, job],
-                       help="show the launch spec: each rank's command, environment and pinning; changes nothing")
-    p.add_argument("--env", action="store_true", help="print every rank's command and environment")
+                       help="show the launch spec: each rank's command, environment and pinning; changes nothing. "
+                            f"It takes launch's command line; {' and '.join(LAUNCH_ONLY)} are launch's alone")
+    p.add_argument("--show-env", action="store_true", help="print every rank's command and environment")
     p.add_argument("--file", metavar="NAME", help="print only the file NAME that the start writes into the master's "
                                                   "run folder, e.g. sbatch.sh under launch_mode slurm (docs/slurm.md)")
     p.add_argument("--format", choices=("trainjob", "pytorchjob"),
                    help="print the plan as a Kubernetes manifest, a Kubeflow TrainJob or PyTorchJob, checked against "
                         "its CRD; the k8s_* variables come from -e (docs/kubernetes.md)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("up", parents=[common], help="provision the nodes (site.yml)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("launch", parents=[common, job], help="run a training job; arguments after -- go to the script")
-    p.add_argument("--env", dest="env_vars", action="append", metavar="KEY=VALUE", help="more rank environment")
-    p.add_argument("--secret-env", action="append", metavar="NAME",
-                   help="pass this environment variable's value to the ranks as a secret (never shown)")
-    p.add_argument("--timeout", type=int, help="seconds before the guards stop the job (launch_timeout)")
     p.add_argument("--detach", action="store_true",
                    help="return once every rank has started; the cluster supervises the run (see attach, stop)")
     p.add_argument("--replace", action="store_true",
                    help="stop a still-running run of the same job first (its logs are kept) instead of refusing")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("runs", parents=[common], help="list the runs on the cluster and in runs/, with their state")
@@ -445,6 +526,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="follow the logs on the cluster as they grow (Ctrl-C stops following; the run goes on)")
     p.add_argument("--interval", type=float, default=3, help="seconds between reads with -f")
     p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("tensorboard", parents=[common],
+                       help="serve a run's curves with TensorBoard, its out folders brought from the nodes at an "
+                            "interval while it runs (default: the newest running run); Ctrl-C stops")
+    p.add_argument("run_id", nargs="?", help="the run's id (torchfleet runs lists them)")
+    p.add_argument("--interval", type=float, default=livesync.INTERVAL, help="seconds between syncs")
+    p.add_argument("--port", type=int, default=6006, help="TensorBoard's port (0: any free one)")
+    p.add_argument("--host", default="localhost", help="the address TensorBoard listens on")
+    p.set_defaults(func=cmd_tensorboard)
 
     p = sub.add_parser("down", parents=[common], help="stop and remove every rank on the nodes")
     p.set_defaults(func=cmd_down)

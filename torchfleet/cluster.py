@@ -346,13 +346,14 @@ class Cluster:
                 self.on_warning(warning)
 
     def _run(self, playbook: str, title: str, variables: Mapping[str, Any],
-             interruptible: bool = False) -> tuple[PlaybookResult, Collector]:
+             interruptible: bool = False, hook: EventHook | None = None) -> tuple[PlaybookResult, Collector]:
         """Run ``playbook``, one of the collection's (runner.playbook) or a file in the working
         folder. SIGTERM or Ctrl-C cancels it; with ``interruptible`` the signal is then the
         caller's to handle (``result.interrupted``), else it goes on at once."""
         import ansible_runner
 
-        collector = Collector(self._hook_factory(title), self._warn)
+        # ``hook``, where given, sees the events in place of the progress display.
+        collector = Collector(hook or self._hook_factory(title), self._warn)
         env = {
             # The venv's ansible-playbook, whatever PATH the caller has.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -28,7 +28,6 @@ class RichProgress:
         self.hosts: set[str] = set()
         self.done: set[str] = set()
         self.task = ""
-        self.failed = 0
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("[bold]{task.fields[title]}[/]"),
@@ -57,13 +56,8 @@ class RichProgress:
         elif kind in ("runner_on_ok", "runner_on_skipped", "runner_on_failed", "runner_on_unreachable"):
             self.done.add(data.get("host", ""))
             failed = kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors")
-            if failed:
-                self.failed += 1
             if failed and (self.verbose or (event.get("torchfleet_failure") or {}).get("kind") != "input"):
-                res = data.get("res") or {}
-                message = str(res.get("msg") or res.get("stderr") or "failed").strip().splitlines()
-                console.print(f"[red]✗ {escape(str(data.get('host')))}[/]: "
-                              + escape(f"{data.get('task')}: {message[0] if message else 'failed'}"))
+                console.print(failure_line(kind, data))
         elif kind == "verbose":
             # The launch's own progress lines: each rank's state and last log line.
             line = (event.get("stdout") or "").strip()
@@ -79,9 +73,23 @@ class RichProgress:
         console.print(summary_line(self.title, result))
 
 
+def failure_line(kind: str, data: Mapping[str, Any]) -> str:
+    """A failed task's line as it comes. A node that stopped answering is yellow: a run can
+    still succeed without it (a lost master's run goes on elsewhere), and the command's
+    verdict, which comes last, says whether it did."""
+    res = data.get("res") or {}
+    message = str(res.get("msg") or res.get("stderr") or "failed").strip().splitlines()
+    what = escape(f"{data.get('task')}: {message[0] if message else 'failed'}")
+    if kind == "runner_on_unreachable":
+        return f"[yellow]! {escape(str(data.get('host')))} did not answer[/]: {what}"
+    return f"[red]✗ {escape(str(data.get('host')))}[/]: {what}"
+
+
 def summary_line(title: str, result: Any) -> str:
     """A playbook run's closing line: green for done, yellow for interrupted (Ctrl-C
-    detaches an attach, and stops an attached launch), red and the failures only for failed."""
+    detaches an attach, and stops an attached launch) and for nodes that only stopped
+    answering (the run's verdict, which follows, says whether that failed it), red and the
+    failures only where a task failed."""
     hosts = result.hosts.values()
     changed = sum(h.changed for h in hosts)
     took = f"({result.duration_s:.0f}s)"
@@ -91,6 +99,8 @@ def summary_line(title: str, result: Any) -> str:
         return f"[green]✓[/] {escape(f'{title}: {len(hosts)} host(s), {changed} changed {took}')}"
     failed = sum(h.failed for h in hosts)
     unreachable = sum(h.unreachable for h in hosts)
+    if unreachable and not failed:
+        return f"[yellow]![/] {escape(f'{title}: {len(hosts)} host(s), {changed} changed, {unreachable} not answering')} {took}"
     line = f"{title}: {len(hosts)} host(s), {changed} changed, {failed} failed" \
         + (f", {unreachable} unreachable" if unreachable else "")
     return f"[red]✗[/] {escape(line)} {took}"
