@@ -29,8 +29,8 @@ options:
     default: []
   have:
     description:
-      - What the controller holds of each file, by its path below I(run_dir), as C([size, mtime_ns, digest]):
-        its size, the node's mtime (ns) it took last, and the sha256 of its last 4096 bytes.
+      - What the controller holds of each file, by its path below I(run_dir), as C([size, mtime_ns, digest]),
+        that is its size, the node's mtime (ns) it took last, and the sha256 of its last 4096 bytes.
     type: dict
     default: {}
   max_bytes:
