@@ -98,9 +98,9 @@ def _error(exc: TorchfleetError, **more: Any) -> dict[str, Any]:
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _cluster(args)
-    plan = cluster.plan(_job(args))
     if args.format:
-        return _plan_manifest(args, cluster, plan)
+        return _plan_manifest(args, cluster)
+    plan = cluster.plan(_job(args))
     if args.file:
         return _plan_file(args, plan)
     if not args.json:
@@ -136,16 +136,24 @@ def _plan_file(args: argparse.Namespace, plan: api.Plan) -> dict[str, Any]:
     return {"ok": True, "host": plan.master_host, "file": args.file, "content": files[args.file]}
 
 
-def _plan_manifest(args: argparse.Namespace, cluster: api.Cluster, plan: api.Plan) -> dict[str, Any]:
-    """plan --format: the plan as a manifest for another cluster, so its k8s_* settings come
-    from -e, not from this cluster's inventory. YAML alone on stdout, for kubectl apply -f -."""
-    # Imported here: jsonschema and the CRDs cost every other command nothing.
+def _plan_manifest(args: argparse.Namespace, cluster: api.Cluster) -> dict[str, Any]:
+    """plan --format: the job as a manifest for a Kubernetes cluster, from the inventory's and
+    -e's variables alone: no playbook runs and no node is contacted (torchfleet.k8s.offline).
+    The YAML alone goes to stdout, for kubectl apply -f -; what must exist first to stderr."""
+    # Imported here: Ansible's inventory, jsonschema and the CRDs cost every other command nothing.
     from torchfleet import k8s
+    from torchfleet.k8s import offline
 
-    manifest = k8s.render(args.format, plan.to_dict(), cluster.extra_vars)
+    rendered = offline.manifest(args.format, cluster.inventory, {**cluster.extra_vars, **_job(args).to_vars()},
+                                cluster.project_dir)
+    for message in rendered.warnings:
+        cluster.warnings.append({"message": message})
+        _print_warning({"message": message})
     if not args.json:
-        print(k8s.to_yaml(manifest), end="")
-    return {"ok": True, "format": args.format, "manifest": manifest}
+        if not args.quiet:
+            progress.console.print(escape(k8s.needs_text(rendered)))
+        print(k8s.to_yaml(rendered.manifest), end="")
+    return {"ok": True, "format": args.format, "manifest": rendered.manifest, "needs": rendered.needs}
 
 
 def cmd_up(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Filters that turn facts into cluster addresses, Gloo interfaces, rank environments, overlay addresses
 and slurm.conf's node lines."""
 
+import base64
 import os
 
 from ansible.errors import AnsibleFilterError
@@ -37,6 +38,14 @@ def pinning_checks(values, host):
     ranks_ = values.get("cpu_pinning_ranks")
     return [{"that": int(ranks_) >= 1, "variable": "cpu_pinning_ranks",
              "msg": f"cpu_pinning_ranks={ranks_} must be 1 or more"}]
+
+
+def kubelet_config_dir(cmdline):
+    """The drop-in folder a running kubelet reads (its --config-dir), from its /proc/PID/cmdline
+    as slurp returns it (base64); "" where it reads none."""
+    from torchfleet.k8s import kubelet  # here: the Kubernetes checks cost the other filters nothing
+
+    return kubelet.config_dir(base64.b64decode(cmdline)) or ""
 
 
 def redact_url(text):
@@ -215,6 +224,7 @@ class FilterModule:
             "overlay_state": _wrap(overlay_state),
             "overlay_unreachable": _wrap(overlay_unreachable),
             "redact_url": redact_url,
+            "kubelet_config_dir": kubelet_config_dir,
             "slurm_input_error": slurm_input_error,
             "slurm_conf": _wrap(slurm_conf),
             "slurm_unready": slurm_unready,

@@ -1,10 +1,9 @@
-"""Offline checks against the upstream schemas shipped in ``schemas/`` (SOURCES.md says
-where each comes from): a Kubeflow manifest against its CRD's ``openAPIV3Schema``, and a
-kubelet drop-in against the kubelet's own ``KubeletConfiguration`` type.
+"""Offline checks of a Kubeflow manifest against its CRD's ``openAPIV3Schema``, as shipped in
+``schemas/`` (SOURCES.md says where each comes from).
 
-Both checks are strict about field names, where a misspelled field would otherwise do
-nothing: the API server prunes an unknown field of a custom resource (``kubectl apply``
-rejects it, by default), and the kubelet decodes a v1beta1 file leniently, only logging one.
+The check is strict about field names, where a misspelled field would otherwise do nothing:
+the API server prunes an unknown field of a custom resource (``kubectl apply`` rejects it,
+by default). What the schema cannot say (CEL rules, webhooks) is torchfleet.k8s.admission's.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from typing import Any, Iterable, Mapping
 import jsonschema
 import yaml
 
-from torchfleet import cpus
 from torchfleet.errors import InventoryError
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
@@ -28,10 +26,8 @@ CRDS = {
     "TrainJob": ("trainer.kubeflow.org_trainjobs.yaml", "Kubeflow Trainer v2.3.0"),
     "PyTorchJob": ("kubeflow.org_pytorchjobs.yaml", "Kubeflow Training Operator v1.9.4"),
 }
-KUBELET_TYPES = "kubelet_config_v1beta1_types.go"
-KUBELET_API = "kubelet.config.k8s.io/v1beta1"
-# The TrainJob CRD's own CEL rule for its name (x-kubernetes-validations, which jsonschema
-# does not run); the v1 operator's webhook asks the same of a PyTorchJob.
+# A DNS-1035 label: the TrainJob CRD's CEL rule for its name (x-kubernetes-validations, which
+# jsonschema does not run), and the v1 operator's webhook's for a PyTorchJob (admission.py).
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -108,86 +104,43 @@ def _problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
 
 def check(manifest: Mapping[str, Any]) -> None:
     """Raise SchemaError, naming every failing field, unless ``manifest`` passes the
-    openAPIV3Schema of its kind's shipped CRD at its apiVersion, and its name the CRD's
-    name rule."""
+    openAPIV3Schema of its kind's shipped CRD at its apiVersion."""
     kind, api_version = manifest.get("kind"), manifest.get("apiVersion")
     what = f"the rendered {kind} does not pass its CRD's schema ({CRDS.get(str(kind), ('', 'none'))[1]})"
     if kind not in CRDS:
         raise SchemaError(what, [("kind", f"{kind!r} is not one of {', '.join(CRDS)}")])
     problems = [p for e in _validator(str(kind), str(api_version)).iter_errors(manifest) for p in _problems(e)]
-    name = (manifest.get("metadata") or {}).get("name")
-    if not isinstance(name, str) or len(name) > 63 or not DNS1035_LABEL.match(name):
-        problems.append(("metadata.name", f"{name!r} must be a DNS label: at most 63 lower-case letters, digits "
-                                          "and '-', starting with a letter"))
     if problems:
         raise SchemaError(what, sorted(set(problems)))
 
 
-# --- the kubelet's configuration --------------------------------------------------------------
-
-# A Go type in a json-tagged struct field -> the JSON type its value must have.
-_GO_JSON = (
-    (re.compile(r"^\*?(bool)$"), "boolean"),
-    (re.compile(r"^\*?u?int(8|16|32|64)?$"), "integer"),
-    (re.compile(r"^\*?float(32|64)$"), "number"),
-    (re.compile(r"^\*?(string|metav1\.Duration)$"), "string"),
-    (re.compile(r"^map\["), "object"),
-    (re.compile(r"^\[\]"), "array"),
-)
-_JSON_PY = {"boolean": bool, "integer": int, "number": (int, float), "string": str, "object": dict, "array": list}
-
-
-@lru_cache(maxsize=None)
-def kubelet_fields() -> dict[str, str]:
-    """KubeletConfiguration's fields, JSON name -> JSON type, read from the kubelet's own
-    Go type (its json tags); a struct-typed field is an object."""
-    text = (SCHEMAS / KUBELET_TYPES).read_text()
-    strings = set(re.findall(r"^type (\w+) string$", text, re.M))
-    body = re.search(r"^type KubeletConfiguration struct \{\n(.*?)^\}", text, re.M | re.S)
-    if not body:
-        raise SchemaError(f"{KUBELET_TYPES}", [("KubeletConfiguration", "has no struct of that name")])
-    fields = {"apiVersion": "string", "kind": "string"}  # metav1.TypeMeta, inline
-    for go_type, name in re.findall(r"^\t\w+\s+(\S+)\s+`json:\"(\w+)[,\"]", body[1], re.M):
-        bare = go_type.lstrip("*")
-        json_type = "string" if bare in strings else next((t for rx, t in _GO_JSON if rx.match(go_type)), "object")
-        fields[name] = json_type
-    return fields
-
-
-@lru_cache(maxsize=None)
-def kubelet_choices() -> dict[str, set[str]]:
-    """The values types.go names for the topology manager's fields (its constants)."""
-    text = (SCHEMAS / KUBELET_TYPES).read_text()
-    return {field: set(re.findall(rf"^\t\w+{suffix}\s*=\s*\"([^\"]+)\"", text, re.M))
-            for field, suffix in (("topologyManagerPolicy", "TopologyManagerPolicy"),
-                                  ("topologyManagerScope", "TopologyManagerScope"))}
-
-
-def check_kubelet(config: Mapping[str, Any], where: str = "the kubelet configuration") -> None:
-    """Raise SchemaError, naming every failing field, unless ``config`` is a
-    KubeletConfiguration whose fields the kubelet knows, each of its type, with
-    reservedSystemCPUs a CPU list and the topology manager's values ones it names."""
-    fields, choices = kubelet_fields(), kubelet_choices()
-    problems: list[tuple[str, str]] = []
-    if config.get("apiVersion") != KUBELET_API or config.get("kind") != "KubeletConfiguration":
-        problems.append(("apiVersion", f"must be {KUBELET_API} with kind KubeletConfiguration, not "
-                                       f"{config.get('apiVersion')!r} {config.get('kind')!r}"))
-    for name, value in config.items():
-        if name not in fields:
-            close = difflib.get_close_matches(name, fields, 1)
-            problems.append((name, "is not a KubeletConfiguration field" + (f" (did you mean {close[0]}?)" if close
-                                                                              else "")))
-            continue
-        expected = _JSON_PY[fields[name]]
-        if not isinstance(value, expected) or (fields[name] in ("integer", "number") and isinstance(value, bool)):
-            problems.append((name, f"{value!r} is not of type {fields[name]}"))
-        elif name in choices and value not in choices[name]:
-            problems.append((name, f"{value!r} is not one of {', '.join(sorted(choices[name]))}"))
-        elif name == "reservedSystemCPUs":
-            try:
-                cpus.parse_cpulist(value, variable=name)
-            except InventoryError as exc:
-                problems.append((name, exc.message))
-    if problems:
-        raise SchemaError(f"{where} does not pass KubeletConfiguration ({KUBELET_TYPES}, kubelet v0.36.3)",
-                          problems)
+def duplicate_keys(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The items of ``manifest`` that repeat a key of a list its CRD marks
+    ``x-kubernetes-list-type: map`` (its ``x-kubernetes-list-map-keys``, a key's schema default
+    standing in where it is left out) or an item of a ``set``: the API server refuses them."""
+    kind, api_version = str(manifest.get("kind")), str(manifest.get("apiVersion"))
+    found: list[tuple[str, str]] = []
+    stack: list[tuple[Mapping[str, Any], Any, list[Any]]] = [(_validator(kind, api_version).schema, manifest, [])]
+    while stack:
+        node, value, where = stack.pop()
+        if isinstance(value, dict):
+            properties = node.get("properties") or {}
+            extra = node.get("additionalProperties")
+            stack += [(properties.get(k) or (extra if isinstance(extra, dict) else {}), v, where + [k])
+                      for k, v in value.items()]
+        elif isinstance(value, list):
+            items = node.get("items") or {}
+            kind_of_list = node.get("x-kubernetes-list-type")
+            if kind_of_list in ("map", "set"):
+                keys = node.get("x-kubernetes-list-map-keys") or []
+                defaults = {k: ((items.get("properties") or {}).get(k) or {}).get("default") for k in keys}
+                seen: dict[Any, int] = {}
+                for i, item in enumerate(value):
+                    key = (tuple(item.get(k, defaults[k]) for k in keys) if kind_of_list == "map" and
+                           isinstance(item, dict) else repr(item))
+                    if key in seen:
+                        shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key)) if keys else repr(item)
+                        found.append((_path(where + [i]), f"repeats {shown} of item {seen[key]}"))
+                    seen.setdefault(key, i)
+            stack += [(items, v, where + [i]) for i, v in enumerate(value)]
+    return sorted(found)

@@ -65,6 +65,14 @@ class LaunchMode:
         """The node settings this mode refuses for ``job``."""
         return self.PROCESS_UNSUPPORTED if self.runtime(job) == "process" else ()
 
+    def pod_refusal(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(variable, why) where a Kubernetes pod, whose torchrun starts the node's ranks in the
+        training image (torchfleet.k8s), cannot stand in for this mode's start; else None."""
+        if self.runtime(job) == "process":
+            return ("launch_mode", f"{self.chosen_by(job)} runs the ranks in the node's own Python (launch_python), "
+                                   "which a pod does not have; render a container launch")
+        return None
+
     def check_node(self, host: str, settings: Mapping[str, Any], table: Mapping[str, Any]) -> None:
         """Refuse a node's input that cannot work under this mode (InventoryError)."""
 
