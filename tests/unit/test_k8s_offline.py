@@ -145,3 +145,18 @@ def test_the_inventorys_k8s_variables_count_and_must_agree(capsys, inventory):
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     code, out, _ = run_in_process(capsys, "plan", "-q", "--json", "-i", str(inventory), "--format", "trainjob", *K8S)
     assert code == 2 and json.loads(out.out)["error"]["variable"] == "k8s_queue_name"
+
+
+def test_another_tools_k8s_variables_are_left_alone_and_a_near_miss_is_said(capsys, inventory):
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    # kubespray's own, and a misspelling of k8s_secret_name.
+    hosts["all"]["vars"].update(k8s_image_pull_policy="IfNotPresent", k8s_secret_nam="mnist-secrets")
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    code, out, _ = run_in_process(capsys, "plan", "-q", "--json", "-i", str(inventory), "--format", "trainjob", *K8S)
+    assert code == 0, out.out
+    assert [w["message"] for w in json.loads(out.out)["warnings"]] == [
+        "k8s_secret_nam in the inventory is no torchfleet variable; did you mean k8s_secret_name?"]
+    # From -e, a name that is not torchfleet's is refused.
+    code, out, _ = run_in_process(capsys, "plan", "-q", "--json", "-i", str(inventory), "--format", "trainjob", *K8S,
+                                  "-e", "k8s_secret_nam=x")
+    assert code == 2 and json.loads(out.out)["error"]["variable"] == "k8s_secret_nam"

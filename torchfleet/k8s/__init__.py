@@ -105,7 +105,7 @@ def render(fmt: str, plan: Mapping[str, Any], values: Mapping[str, Any] | None =
     manifest = (_trainjob if fmt == "trainjob" else _pytorchjob)(plan, k8s, node)
     check(manifest)
     admission.check(manifest)
-    warnings = pod.cpu_warning(kube) + check_pods(manifest, kube, k8s["k8s_worker_init_guaranteed"])
+    warnings = pod.policy_warnings(kube) + check_pods(manifest, kube, k8s["k8s_worker_init_guaranteed"])
     return Rendered(manifest, needs(fmt, plan, k8s, node), warnings)
 
 

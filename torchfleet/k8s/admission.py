@@ -94,6 +94,13 @@ def pod_templates(manifest: Mapping[str, Any]) -> Iterator[tuple[str, str, Mappi
                    f".replicatedJobs[{j}].template.spec.template", template)
 
 
+def containers(manifest: Mapping[str, Any], part: str = "containers") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(path, container) of every container (or init container) of the manifest's pod templates."""
+    for _, path, template in pod_templates(manifest):
+        for k, container in enumerate((template.get("spec") or {}).get(part) or []):
+            yield f"{path}.spec.{part}[{k}]", container
+
+
 def _labels(manifest: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     yield "metadata.labels", (manifest.get("metadata") or {}).get("labels") or {}
     for _, path, template in pod_templates(manifest):
@@ -188,9 +195,7 @@ def _check_patch_jobs(manifest: Mapping[str, Any]) -> list[Failure]:
       "a runtime patch sets no env on the node, dataset-initializer or model-initializer container (the trainer's "
       "env goes in spec.trainer.env)", f"{TRAINER}: pkg/runtime/framework/plugins/jobset/jobset.go (Validate)")
 def _check_patch_env(manifest: Mapping[str, Any]) -> list[Failure]:
-    return [(f"{path}.spec.containers[{k}].env", f"must not be set on the {c.get('name')} container")
-            for _, path, template in pod_templates(manifest)
-            for k, c in enumerate((template.get("spec") or {}).get("containers") or [])
+    return [(f"{path}.env", f"must not be set on the {c.get('name')} container") for path, c in containers(manifest)
             if c.get("env") and c.get("name") in ("node", "dataset-initializer", "model-initializer")]
 
 
@@ -256,15 +261,12 @@ def _check_replicas(manifest: Mapping[str, Any]) -> list[Failure]:
       f"every replica has containers, each with an image, one of them named {PYTORCH_CONTAINER}",
       f"{WEBHOOK} (validatePyTorchReplicaSpecs)")
 def _check_containers(manifest: Mapping[str, Any]) -> list[Failure]:
-    found = []
-    for role, path, template in pod_templates(manifest):
-        containers = (template.get("spec") or {}).get("containers") or []
-        where = f"{path}.spec.containers"
-        if not containers:
-            found.append((where, "must be set"))
-        found += [(f"{where}[{k}].image", "must be set") for k, c in enumerate(containers) if not c.get("image")]
-        if containers and not any(c.get("name") == PYTORCH_CONTAINER for c in containers):
-            found.append((where, f"must have a container named {PYTORCH_CONTAINER}"))
+    found = [(f"{path}.image", "must be set") for path, c in containers(manifest) if not c.get("image")]
+    for _, path, template in pod_templates(manifest):
+        names = [c.get("name") for c in (template.get("spec") or {}).get("containers") or []]
+        if PYTORCH_CONTAINER not in names:
+            found.append((f"{path}.spec.containers", f"must have a container named {PYTORCH_CONTAINER}"
+                                                    if names else "must be set"))
     return found
 
 
@@ -273,11 +275,10 @@ def _check_containers(manifest: Mapping[str, Any]) -> list[Failure]:
       f"{OPERATOR}: pkg/controller.v1/pytorch/envvar.go (setPodEnv), master.go")
 def _check_operator_env(manifest: Mapping[str, Any]) -> list[Failure]:
     found = []
-    for _, path, template in pod_templates(manifest):
-        for k, c in enumerate((template.get("spec") or {}).get("containers") or []):
-            taken = sorted({str(e.get("name")) for e in c.get("env") or []} & set(OPERATOR_ENV))
-            if taken:
-                found.append((f"{path}.spec.containers[{k}].env", f"sets {', '.join(taken)}, which the operator sets"))
+    for path, c in containers(manifest):
+        taken = sorted({str(e.get("name")) for e in c.get("env") or []} & set(OPERATOR_ENV))
+        if taken:
+            found.append((f"{path}.env", f"sets {', '.join(taken)}, which the operator sets"))
     return found
 
 

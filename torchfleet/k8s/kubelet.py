@@ -94,7 +94,8 @@ class Node:
 
 
 def node(values: Mapping[str, Any]) -> Node | None:
-    """The Kubernetes node the k8s_* variables describe, or None when they describe none."""
+    """The Kubernetes node the k8s_* variables (torchfleet.k8s.variables') describe, or None
+    when they describe none."""
     capture, count = values.get("k8s_node_lscpu"), values.get("k8s_node_cpus")
     if capture and count:
         raise InventoryError("k8s_node_lscpu and k8s_node_cpus both describe the Kubernetes node: set one",
@@ -112,13 +113,12 @@ def node(values: Mapping[str, Any]) -> Node | None:
         source = "k8s_node_cpus"
     else:
         return None
-    policy = str(values.get("k8s_cpu_manager_policy") or "static")
-    topology = str(values.get("k8s_topology_policy") or "none")
+    policy, topology = str(values["k8s_cpu_manager_policy"]), str(values["k8s_topology_policy"])
     for variable, value, allowed in (("k8s_cpu_manager_policy", policy, CPU_POLICIES),
                                      ("k8s_topology_policy", topology, TOPOLOGY_POLICIES)):
         if value not in allowed:
             raise InventoryError(f"{variable}={value!r} is not one of {', '.join(allowed)}", None, variable)
-    reserved = frozenset(cpus.parse_cpulist(str(values.get("k8s_reserved_cpus") or ""), None, "k8s_reserved_cpus"))
+    reserved = frozenset(cpus.parse_cpulist(str(values["k8s_reserved_cpus"]), None, "k8s_reserved_cpus"))
     have = {r["cpu"] for r in rows}
     if reserved - have:
         raise InventoryError(f"k8s_reserved_cpus names CPUs {cpus.format_cpulist(reserved - have)} that the "
@@ -127,7 +127,7 @@ def node(values: Mapping[str, Any]) -> Node | None:
         raise InventoryError("k8s_cpu_manager_policy=static needs k8s_reserved_cpus: the kubelet refuses the static "
                              "policy without reserved CPUs (give reservedSystemCPUs, or the CPUs a kubeReserved/"
                              "systemReserved cpu count takes: the lowest-numbered cores)", None, "k8s_reserved_cpus")
-    return Node(tuple(rows), reserved, policy, bool(values.get("k8s_full_pcpus_only")), topology, source)
+    return Node(tuple(rows), reserved, policy, bool(values["k8s_full_pcpus_only"]), topology, source)
 
 
 def counted(values: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -167,11 +167,11 @@ def pod_pinning(kube: Node, ranks: int, pinning: Mapping[str, Any]) -> list[dict
         pool = kube.whole_cores([best])
         where = f"NUMA node {best} (the one with the most; single-numa-node: k8s_topology_policy)"
     wanted = int(pinning.get("cores_per_rank") or 0)
-    if wanted * ranks > len(pool) or len(pool) < ranks:
-        need = wanted * ranks or ranks
+    need = (wanted or 1) * ranks
+    if need > len(pool):
         raise KubeletRuleError("topology" if where != "the Kubernetes node" else "reserved-cpus",
-                               f"{ranks} ranks of {wanted or 1} cores ask {need} whole cores, but {where} has "
-                               f"{len(pool)} that no reserved CPU (k8s_reserved_cpus) touches ({kube.source})",
+                               f"{ranks} ranks of {wanted or 'at least 1'} cores need {need} whole cores, but {where} "
+                               f"has {len(pool)} that no reserved CPU (k8s_reserved_cpus) touches ({kube.source})",
                                "cpu_pinning_cores_per_rank" if wanted else "torchfleet_procs_per_node")
     allowed = sorted(c for core in pool for c in core)
     return cpus.allocate("kubernetes node", list(kube.rows), ranks, cores_per_rank=wanted or None,

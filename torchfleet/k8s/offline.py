@@ -10,6 +10,7 @@ as a launch builds it (spec.build), and rendered (torchfleet.k8s.render).
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from torchfleet import cpus, hosts, inputs, modes, ranks, spec, workload
 from torchfleet.errors import InventoryError
-from torchfleet.k8s import Rendered, kubelet, render, variables
+from torchfleet.k8s import VARIABLES, Rendered, kubelet, render, variables
 from torchfleet.k8s.pod import NO_NODE
 
 # A role default that reads the controller's environment, and what it is without one.
@@ -40,8 +41,14 @@ def manifest(fmt: str, inventory: Sequence[str | Path], extra_vars: Mapping[str,
     describe. ``project``: the checkout whose roles' defaults apply (None: the installed
     collection's)."""
     values = read(inventory, extra_vars, project)
-    k8s = same_everywhere({h: {k: v for k, v in vs.items() if k.startswith("k8s_")} for h, vs in values.items()})
-    return render(fmt, plan(values, k8s), k8s)
+    # Another tool's k8s_* variables in the inventory (kubespray has some) are left alone; a -e is ours.
+    ours = {h: {k: v for k, v in vs.items() if k in VARIABLES or k in extra_vars} for h, vs in values.items()}
+    k8s = same_everywhere(ours)
+    rendered = render(fmt, plan(values, k8s), k8s)
+    unknown = sorted({k for vs in values.values() for k in vs if k.startswith("k8s_") and k not in VARIABLES})
+    rendered.warnings += [f"{k} in the inventory is no torchfleet variable; did you mean {close[0]}?"
+                          for k in unknown if (close := difflib.get_close_matches(k, VARIABLES, 1, cutoff=0.9))]
+    return rendered
 
 
 def read(inventory: Sequence[str | Path], extra_vars: Mapping[str, Any], project: Path | None) -> dict[str, dict]:

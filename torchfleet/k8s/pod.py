@@ -298,7 +298,7 @@ def _python(units: list[Mapping[str, Any]]) -> str:
     return "python3"
 
 
-def cpu_warning(kube: kubelet.Node | None) -> list[str]:
+def policy_warnings(kube: kubelet.Node | None) -> list[str]:
     if kube is not None and kube.policy != "static":
         return [f"k8s_cpu_manager_policy={kube.policy}: the kubelet pins nothing; the pods' CPU requests are CFS "
                 "quota only"]
