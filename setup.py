@@ -1,7 +1,9 @@
-"""The wheel holds the torchfleet package and, beside it in site-packages, the torchfleet.cluster
-collection with the files `ansible-galaxy collection build` takes from this tree: `pip install
-torchfleet` is then the whole tool, since Ansible finds a collection on Python's path. One
-version for both, galaxy.yml's."""
+"""The wheel holds the torchfleet package and, inside it, the torchfleet.cluster collection with
+the files `ansible-galaxy collection build` takes from this tree: `pip install torchfleet` is
+then the whole tool. The package's ansible.cfg names that folder (./collections), as the
+checkout's link to it names the checkout's own; Ansible elsewhere does not see it, so that an
+ansible-galaxy install of the collection stays the user's own. One version for both,
+galaxy.yml's."""
 
 import fnmatch
 import shutil
@@ -48,7 +50,7 @@ class BuildWithCollection(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        dest = Path(self.build_lib) / "ansible_collections" / GALAXY["namespace"] / GALAXY["name"]
+        dest = Path(self.build_lib) / "torchfleet" / "collections" / "ansible_collections" / GALAXY["namespace"] / GALAXY["name"]
         for rel in collection_files():
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -56,4 +58,6 @@ class BuildWithCollection(build_py):
             shutil.copy2(ROOT / rel, target)
 
 
-setup(version=GALAXY["version"], cmdclass={"build_py": BuildWithCollection})
+# setuptools runs this file as __main__; tests import it for collection_files.
+if __name__ == "__main__":
+    setup(version=GALAXY["version"], cmdclass={"build_py": BuildWithCollection})

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up the controller: a virtualenv in .venv with Ansible, torchfleet and the test tools.
-# Docker itself is installed and started by playbooks/local_cluster.yml.
+# Set up the controller: a virtualenv in .venv with Ansible and torchfleet, installed in place.
+#   ./scripts/bootstrap.sh          what a launch needs (the demo's set-up)
+#   ./scripts/bootstrap.sh --test   that and the test tools (molecule, ansible-lint, torch, ...)
+# Docker itself is installed and started by the local_cluster playbook.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+extras=""
+[ "${1:-}" = --test ] && extras="[test]"
 
 if ! python3 -c 'import ensurepip' 2>/dev/null; then
   echo "==> installing python3-venv"
@@ -12,11 +16,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   python3 -m venv .venv
 fi
-stamp=".venv/.torchfleet-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp=".venv/.torchfleet${extras:+-test}-$(cat pyproject.toml setup.py | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "==> installing torchfleet and its tools into .venv (a few minutes)"
-  .venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -c 'import torchfleet, ansible_runner, molecule' 
+  echo "==> installing torchfleet${extras} into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extras}" 2>&1 | grep -v "is ignored" || true
+  .venv/bin/python -c 'import torchfleet, ansible_runner'
   touch "$stamp"
 fi
 # torchfleet is installed in place (-e), so pip compiled none of it; where

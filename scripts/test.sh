@@ -13,7 +13,7 @@
 # and the end of a failed stage's log is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/bootstrap.sh
+./scripts/bootstrap.sh --test
 # shellcheck disable=SC1091
 source .venv/bin/activate
 

@@ -60,7 +60,7 @@ def main(argv=None):
     dist.all_reduce(tensor)  # warm-up: the pairs' connections are made here
     dist.barrier()
     started = time.perf_counter()
-    for _ in range(args.iters):
+    for _iteration in range(args.iters):
         dist.all_reduce(tensor)
     elapsed = time.perf_counter() - started
     mib = args.size_mib * args.iters

@@ -1,12 +1,12 @@
-#!/usr/bin/env python3
 """Train a small CNN on FashionMNIST with DistributedDataParallel over Gloo.
 
 Options follow the Occlum and BigDL guides (--epoch, --no-cuda, --seed, --save-model).
 The rank comes from RANK/WORLD_SIZE (direct launch, torchrun) or from Open MPI's
 OMPI_COMM_WORLD_* (mpirun). Only torch is needed: the gzip'd IDX files are read with
 the standard library, so the script also runs in stock PyTorch images. Each rank writes
-its loss per step as TensorBoard events in OUT_DIR/tensorboard/rank-N, also with the
-standard library.
+its loss per step as TensorBoard events in OUT_DIR/tensorboard/rank-N with
+torch.utils.tensorboard's SummaryWriter, where the tensorboard package is installed (the
+training image has it).
 
 With a checkpoint folder (--checkpoint-dir, or TORCHFLEET_CHECKPOINT_DIR), each node's first
 rank (LOCAL_RANK 0) saves the model, the optimizer, the position in the data and the RNG state every --checkpoint-every
@@ -29,7 +29,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
@@ -104,85 +104,28 @@ def cgroup_cpuset():
     return "-"
 
 
-# TensorBoard's event files, written with the standard library: the training image has no
-# tensorboard package, and the format is small. Each record is TFRecord-framed (length,
-# masked CRC-32C of the length, data, masked CRC-32C of the data); the data is an Event
-# protobuf, encoded by hand.
-def _crc32c_table():
-    table = []
-    for n in range(256):
-        for _ in range(8):
-            n = (n >> 1) ^ 0x82F63B78 if n & 1 else n >> 1
-        table.append(n)
-    return table
+class NoEvents:
+    """Where the tensorboard package is missing (a stock PyTorch image): no curves, same calls."""
 
-
-_CRC32C = _crc32c_table()
-
-
-def crc32c(data):
-    """CRC-32C (Castagnoli), as TFRecord uses."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _masked_crc(data):
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(n):
-    out = bytearray()
-    n &= (1 << 64) - 1
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field_bytes(number, data):
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def _event(wall_time, step, file_version=None, scalar=None):
-    """An Event: wall_time (1, double), step (2, int64), then file_version (3, string) or a
-    summary (5) holding one Summary.Value: tag (1, string), simple_value (2, float)."""
-    data = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
-    if file_version is not None:
-        data += _field_bytes(3, file_version.encode())
-    if scalar is not None:
-        tag, value = scalar
-        summary_value = _field_bytes(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
-        data += _field_bytes(5, _field_bytes(1, summary_value))
-    return data
-
-
-class EventWriter:
-    """One TensorBoard event file in ``folder``, named as TensorBoard's own writers name theirs."""
-
-    def __init__(self, folder):
-        os.makedirs(folder, exist_ok=True)
-        now = time.time()
-        self.path = os.path.join(folder, f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}.0")
-        self.fh = open(self.path, "wb")
-        self._write(_event(now, 0, file_version="brain.Event:2"))
-        self.flush()
-
-    def _write(self, data):
-        header = struct.pack("<Q", len(data))
-        self.fh.write(header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data)))
-
-    def scalar(self, tag, value, step):
-        self._write(_event(time.time(), step, scalar=(tag, float(value))))
+    def add_scalar(self, *args, **kwargs):
+        pass
 
     def flush(self):
-        self.fh.flush()
+        pass
 
     def close(self):
-        self.fh.close()
+        pass
+
+
+def summary_writer(folder):
+    """TensorBoard's own writer for ``folder``; it writes to disk every few seconds, so that
+    a run's curves can be followed while it trains."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        log.warning("no TensorBoard events: %s", exc)
+        return NoEvents()
+    return SummaryWriter(log_dir=folder, flush_secs=5)
 
 
 def checksum(model):
@@ -207,7 +150,7 @@ def checkpoint_name(step):
 def complete_checkpoints(names):
     """The complete checkpoints among a folder's file ``names``, newest (highest step) first."""
     found = [(int(match[1]), name) for name in names if (match := CHECKPOINT_RE.match(name))]
-    return [name for _, name in sorted(found, reverse=True)]
+    return [name for _step, name in sorted(found, reverse=True)]
 
 
 def stale_files(names, keep, own_temp):
@@ -404,7 +347,7 @@ def main(argv=None):
         optimizer.load_state_dict(resume["optimizer"])
     # Each rank its own folder: TensorBoard shows one run per folder, so ranks sharing a
     # node's out folder stay apart.
-    events = EventWriter(os.path.join(args.out_dir, "tensorboard", f"rank-{rank}"))
+    events = summary_writer(os.path.join(args.out_dir, "tensorboard", f"rank-{rank}"))
     crash = (rank == args.crash_rank and args.crash_at_step > 0
              and args.crash_on_attempt in (-1, attempt(os.environ)))
 
@@ -421,7 +364,7 @@ def main(argv=None):
         batches = iter(loader)
         if resume:
             set_rng_state(resume["rng"])
-            for _ in range(skip):
+            for _skipped in range(skip):
                 next(batches)
         first, skip, resume = skip, 0, None
         for batch_idx, (data, target) in enumerate(batches, start=first):
@@ -430,7 +373,7 @@ def main(argv=None):
             loss.backward()
             optimizer.step()
             # The step as the run's summary counts it (report.parse_steps).
-            events.scalar("train/loss", loss.item(), (epoch - 1) * len(loader) + batch_idx)
+            events.add_scalar("train/loss", loss.item(), (epoch - 1) * len(loader) + batch_idx)
             if batch_idx % args.log_interval == 0 or batch_idx == len(loader) - 1:
                 events.flush()
                 log.info("Train Epoch: %d [%d/%d (%.0f%%)]\tloss=%.4f",
@@ -460,7 +403,7 @@ def main(argv=None):
             for data, target in DataLoader(test, batch_size=256)
         )
     log.info("Test accuracy: %d/%d (%.1f%%)", correct, len(test), 100.0 * correct / len(test))
-    events.scalar("test/accuracy", correct / len(test), args.epoch * len(loader))
+    events.add_scalar("test/accuracy", correct / len(test), args.epoch * len(loader))
     events.close()
 
     plain = model.module if distributed else model

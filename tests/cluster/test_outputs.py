@@ -148,3 +148,33 @@ def test_the_bundled_workloads_loss_opens_in_tensorboard(provisioned):
         assert sorted(losses) == list(range(batches))
         assert all(abs(losses[step] - loss) <= 5e-5 for step, _, loss in logged)
         assert len(acc.Scalars("test/accuracy")) == 1
+
+
+# A user's own script, as the field writes one: torch.utils.tensorboard's SummaryWriter into
+# TORCHFLEET_OUT_DIR, values that the test can compute on its own.
+SUMMARY_WORKLOAD = """
+import os
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+writer = SummaryWriter(os.path.join(os.environ["TORCHFLEET_OUT_DIR"], "tb", f"rank-{rank}"))
+for step in range(7):
+    writer.add_scalar("user/loss", 1.0 / (step + 2 + rank), step)
+writer.close()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_users_summary_writer_runs_in_the_image_and_its_events_open_in_tensorboard(provisioned, tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    script = tmp_path / "user_tb.py"
+    script.write_text(SUMMARY_WORKLOAD)
+    run = provisioned[0].launch(Job(workload=str(script)))
+    assert run.ok, run
+    for r in run.ranks:
+        acc = event_accumulator.EventAccumulator(str(Path(run.run_dir) / "out" / r.host / "tb" / f"rank-{r.rank}"))
+        acc.Reload()
+        assert [(e.step, round(e.value, 6)) for e in acc.Scalars("user/loss")] == \
+            [(step, round(1.0 / (step + 2 + r.rank), 6)) for step in range(7)]

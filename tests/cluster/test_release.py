@@ -1,0 +1,104 @@
+"""The release as a new user gets it: the wheel and the collection tarball, built from this
+checkout, installed into a new venv and an empty collections path in a folder outside the
+checkout (no PYTHONPATH, no -e). From there, with nothing but an inventory of the local
+cluster, the installed command plans, launches and lists runs, and the installed collection
+provisions the nodes with ansible-playbook."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import ENV, ROOT
+
+
+def run(argv, cwd, env, timeout=600):
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(map(str, argv))} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """The built artifacts, the new venv, and a user's environment that knows nothing of the checkout."""
+    base = tmp_path_factory.mktemp("release")
+    assert ROOT not in base.parents
+    dist = base / "dist"
+    subprocess.run([str(ROOT / "scripts" / "release.sh"), str(dist)], cwd=ROOT, check=True, capture_output=True,
+                   env=dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"))
+    (wheel,) = dist.glob("torchfleet-*.whl")
+    (tarball,) = dist.glob("torchfleet-cluster-*.tar.gz")
+    venv = base / "venv"
+    subprocess.run([shutil.which("python3") or sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "TORCHFLEET_PROJECT",
+                        "TORCHFLEET_RUNS_DIR") and not k.startswith("PYTEST")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}/usr/local/bin:/usr/bin:/bin"
+    run([venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", wheel], base, env)
+    collections = base / "collections"
+    collections.mkdir()
+    run([venv / "bin" / "ansible-galaxy", "collection", "install", "--no-deps", "-p", collections, tarball], base, env)
+    # The local cluster's state (the image archive, the dataset, the SSH key its inventory
+    # names) stays where the suite made it: the documented TORCHFLEET_STATE_DIR.
+    env["TORCHFLEET_STATE_DIR"] = ENV["TORCHFLEET_STATE_DIR"]
+    work = base / "work"
+    work.mkdir()
+    return {"venv": venv, "env": env, "work": work, "collections": collections, "wheel": wheel}
+
+
+@pytest.fixture(scope="module")
+def user_inventory(release, provisioned, inventory_dir):
+    """The local cluster's inventory, copied into the user's folder: hosts.yml and its settings."""
+    dest = release["work"] / "inventory"
+    (dest / "group_vars").mkdir(parents=True)
+    shutil.copy(inventory_dir / "hosts.yml", dest / "hosts.yml")
+    shutil.copy(inventory_dir / "group_vars" / "all.yml", dest / "group_vars" / "all.yml")
+    return dest
+
+
+def test_the_installed_wheel_plans_launches_and_lists_runs_from_any_folder(release, user_inventory):
+    tf = [str(release["venv"] / "bin" / "torchfleet")]
+    env, work = release["env"], release["work"]
+    version = run(tf + ["--version"], work, env).split()[-1]
+    assert version == yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"]
+
+    plan = json.loads(run(tf + ["plan", "-i", "inventory", "--json"], work, env))["plan"]
+    assert plan["world_size"] == 2 and [r["host"] for r in plan["ranks"]] == ["node-1", "node-2"]
+
+    launched = json.loads(run(tf + ["launch", "-i", "inventory", "--json", "--", "--epoch", "1", "--no-cuda",
+                                    "--seed", "7", "--log-interval", "50"], work, env))
+    run_id = launched["run"]["run_id"]
+    # The run came back into the user's folder: each rank's log and checksum, equal on both.
+    run_dir = work / "runs" / run_id
+    sums = {p.read_text() for p in run_dir.glob("checksum-rank-*.txt")}
+    assert len(list(run_dir.glob("checksum-rank-*.txt"))) == 2 and len(sums) == 1
+    assert "Train Epoch: 1" in (run_dir / "rank-1.log").read_text()
+
+    runs = json.loads(run(tf + ["runs", "-i", "inventory", "--json"], work, env))
+    (entry,) = [r for r in runs["runs"] if r["run_id"] == run_id]
+    assert entry["state"] == "succeeded" and entry["local"]
+
+    # Nothing of the user's went into the installed package.
+    site = next((release["venv"] / "lib").glob("python3*/site-packages"))
+    written = [p for name in ("runs", ".torchfleet", "inventory") for p in site.rglob(name) if p.is_dir()
+               and "inventory/example" not in str(p)]
+    assert written == []
+
+
+def test_the_installed_collection_provisions_the_nodes_with_ansible_playbook(release, user_inventory):
+    env = dict(release["env"], ANSIBLE_COLLECTIONS_PATH=str(release["collections"]))
+    bin_ = release["venv"] / "bin"
+    listed = run([bin_ / "ansible-galaxy", "collection", "list", "torchfleet.cluster"], release["work"], env)
+    assert f"# {release['collections'] / 'ansible_collections'}" in listed
+    version = yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"]
+    assert re.search(rf"torchfleet\.cluster\s+{re.escape(version)}\b", listed)
+    out = run([bin_ / "ansible-playbook", "torchfleet.cluster.site", "-i", "inventory"], release["work"], env)
+    # The nodes were provisioned by the suite already: the installed collection's run agrees.
+    recap = re.findall(r"^(node-\d)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=0", out, re.M)
+    assert sorted(recap) == [("node-1", "0"), ("node-2", "0")], out[-2000:]
