@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from torchfleet import attempts, run_status, runner
+from torchfleet import run_status, runner
 from torchfleet.errors import (HostUnreachable, Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed,
                                TorchfleetError)
 from torchfleet.events import Collector, EventHook, input_error, lost_only
@@ -217,33 +217,8 @@ class Cluster:
         where it was found (nodes, local), the nodes that did not answer, and its attempt of
         how many (1 of 1 without restarts)."""
         view = self._control("runs", None)
-        found: dict[str, dict[str, Any]] = {}
-        records: dict[str, list[dict[str, Any] | None]] = {}
-        for host, node in sorted((view.get("nodes") or {}).items()):
-            for r in node or []:
-                entry = found.setdefault(r["run_id"], {"run_id": r["run_id"], "job": r.get("job"), "state": None,
-                                                        "nodes": [], "local": False})
-                entry["nodes"].append(host)
-                # The master's job.json speaks for the run (with restarts, the node's the run
-                # moved to: records[]); other nodes only for their units.
-                records.setdefault(r["run_id"], []).append(r.get("job_state"))
-                if entry["state"] in (None, vocab.RunState.EXITED, vocab.RunState.UNKNOWN):
-                    entry["state"] = r["state"]
-        for run_id, jobs in records.items():
-            record = attempts.newest_record(jobs)
-            if record:
-                found[run_id]["state"] = record["state"]
-            found[run_id]["attempt"], found[run_id]["max_attempts"] = attempts.position(record)
-        for run_id in self.runs():
-            entry = found.setdefault(run_id, {"run_id": run_id, "job": None, "state": None, "nodes": [], "local": True})
-            entry["local"] = True
-            if entry["state"] is None:
-                summary = json.loads((self.runs_dir / run_id / vocab.SUMMARY).read_text())
-                entry["state"] = (vocab.RunState.SUCCEEDED if summary.get("ok") else vocab.RunState.FAILED).value
-                entry["attempt"], entry["max_attempts"] = summary.get("attempt") or 1, summary.get("max_attempts") or 1
-        for entry in found.values():
-            entry["unreachable"] = view.get("unreachable") or []
-        return [found[k] for k in sorted(found)]
+        summaries = {run_id: json.loads((self.runs_dir / run_id / vocab.SUMMARY).read_text()) for run_id in self.runs()}
+        return run_status.runs_from_view(view, summaries)
 
     def _control(self, action: str, run_id: str | None, interruptible: bool = False,
                  **variables: Any) -> dict[str, Any]:
@@ -280,7 +255,7 @@ class Cluster:
         if refused is not None:
             raise JobRunning(refused.message, refused.host, refused.task)
         others = [f for f in result.failures if not f.action.endswith("job_report")]
-        if run is not None and others and all(r.outcome == "not started" for r in run.ranks):
+        if run is not None and others and all(r.outcome == vocab.RankOutcome.NOT_STARTED for r in run.ranks):
             # Nothing ran: the task that kept the ranks from starting is the error, not the job.
             self._raise_for(dataclasses.replace(result, failures=others), "launch")
         if run is not None and not run.ok:

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 
 from torchfleet import attempts, modes
 from torchfleet import run_vocab as vocab
+from torchfleet.run_vocab import RankOutcome
 
 STEP_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)?.*?Train Epoch: (?P<epoch>\d+) "
@@ -25,7 +26,6 @@ PEER_ERROR_RE = re.compile(
 
 
 # A rank on a node that the last attempt ran without (launch_max_restarts): neither ok nor failed.
-LEFT_OUT = "left out"
 
 # What rank_containers reports of each container's configuration, with its default.
 CONTAINER_FIELDS = {"env": {}, "cpuset": None, "cpuset_mems": None, "devices": [], "mounts": [],
@@ -258,20 +258,20 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         started, finished = parse_time(final.get("started_at")), parse_time(final.get("finished_at"))
         exit_code = final.get("exit_code")
         if final.get("left_out") or (last_nodes is not None and entry["host"] not in last_nodes):
-            outcome = LEFT_OUT
+            outcome = RankOutcome.LEFT_OUT
         elif final.get("not_started"):
             # Its guard was still waiting for the master to listen when the run ended.
-            outcome, exit_code = "not started", None
+            outcome, exit_code = RankOutcome.NOT_STARTED, None
         elif final.get("stopped_by_torchfleet"):
-            outcome = "stopped"
+            outcome = RankOutcome.STOPPED
         elif exit_code == 0:
-            outcome = "ok"
+            outcome = RankOutcome.OK
         elif exit_code is None and not final and not master_listened:
-            outcome = "not started"
+            outcome = RankOutcome.NOT_STARTED
         elif exit_code is None:
-            outcome = "missing"
+            outcome = RankOutcome.MISSING
         else:
-            outcome = "failed"
+            outcome = RankOutcome.FAILED
         rows.append(
             {
                 "rank": rank,
@@ -298,18 +298,21 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
             rows[-1][key] = rows[-1][key] or entry.get(key) or None
     culprit = choose_culprit(rows)
     checksums = {}
-    judged = [r for r in rows if r["outcome"] != LEFT_OUT]
+    judged = [r for r in rows if r["outcome"] != RankOutcome.LEFT_OUT]
     for row in judged:
         path = run_dir / vocab.checksum_file(row["rank"])
         if path.exists():
             checksums[row["rank"]] = path.read_text().strip()
     lost = sorted(set(lost))
+    ok = culprit is None and not abort and all(r["outcome"] == RankOutcome.OK for r in judged)
     return {
         "run_id": run_id,
         "master": f"{spec['master_addr']}:{spec['master_port']}",
         "world_size": spec["world_size"],
         "mode": spec.get("mode"),
-        "ok": culprit is None and not abort and all(r["outcome"] == "ok" for r in judged),
+        "ok": ok,
+        # How the run ended, by the one rule every reader applies (torchfleet.run_vocab.run_state).
+        "state": vocab.run_state(summary={"ok": ok, "abort": abort}),
         "abort": dict(abort) if abort else None,
         "failed_rank": culprit,
         "checksums": checksums,
@@ -321,7 +324,7 @@ def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str
         # The nodes some of whose ranks' logs did not arrive (they are still on the node): a
         # lost node's, even where a file of it came (a frozen node's can be empty).
         "logs_missing": sorted({r["host"] for r in rows
-                                if r["host"] in lost or (r["outcome"] != "not started" and not r["log"])}),
+                                if r["host"] in lost or (r["outcome"] != RankOutcome.NOT_STARTED and not r["log"])}),
         "note": unreachable_note(run_id, lost),
         # With restarts (launch_max_restarts), every attempt: job.json's table, each with the
         # step it resumed from; [] for a run without.
@@ -353,7 +356,7 @@ def unreachable_note(run_id: str, lost: Iterable[str]) -> str | None:
 
 def choose_culprit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The rank that failed first, preferring one that did not just lose a peer."""
-    failed = [r for r in rows if r["outcome"] in ("failed", "missing")]
+    failed = [r for r in rows if r["outcome"] in (RankOutcome.FAILED, RankOutcome.MISSING)]
     if not failed:
         return None
     far_future = datetime.max.replace(tzinfo=timezone.utc)
@@ -408,7 +411,7 @@ def _how_it_failed(summary: Mapping[str, Any], reason: str | None) -> str:
         # A unit killed with its guard (docker kill of its container) shows only as silence.
         if c is not None and c["exit_code"] is not None:
             message += f"; rank {c['rank']} on {c['host']} {_how_it_ended(c['exit_code'])}"
-        stopped = [r for r in summary["ranks"] if r["outcome"] == "stopped"]
+        stopped = [r for r in summary["ranks"] if r["outcome"] == RankOutcome.STOPPED]
         missing = set(summary.get("logs_missing") or ())
         kept = sorted({r["host"] for r in summary["ranks"] if r.get("log")} - missing)
         message += f"; {len(stopped)} rank(s) stopped, logs kept from {', '.join(kept) or 'no node'}"

@@ -25,21 +25,39 @@ def from_view(view: Mapping[str, Any]) -> dict[str, Any]:
     nodes = {h: r for h, r in (view.get("nodes") or {}).items() if r}
     # The store's host's job.json; with restarts, the node's the run moved to, not an old master's.
     master = attempts.newest_record(r.get("job_state") for r in nodes.values())
-    states = [r.get("state") for r in nodes.values()]
-    if master:
-        state, abort = master["state"], master.get("abort")
-    else:
-        abort = next((u.get("abort") for r in nodes.values() for u in r.get("units", []) if u.get("abort")), None)
-        if vocab.RunState.RUNNING in states:
-            state = vocab.RunState.RUNNING.value
-        elif abort:
-            # No master's record to say how the run ended (its guards are gone): the abort does.
-            state = (vocab.RunState.STOPPED if abort.get("kind") == vocab.AbortKind.STOPPED else vocab.RunState.FAILED).value
-        else:
-            state = states[0] if states else vocab.RunState.UNKNOWN.value
+    units = [u for r in nodes.values() for u in r.get("units", [])]
+    state = vocab.run_state(job=master, units=units)
+    abort = (master or {}).get("abort") if master else next((u["abort"] for u in units if u.get("abort")), None)
     return {"state": state, "job": next((r.get("job") for r in nodes.values()), None), "abort": abort,
             "nodes": nodes, "unreachable": list(view.get("unreachable") or []), "source": FROM_NODES,
             "note": why_every_node(view.get("master")), **attempt_fields(master)}
+
+
+def runs_from_view(view: Mapping[str, Any], summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every run that the nodes hold (``view``: what `torchfleet runs` read, by node) and every
+    run with a summary on the controller (``summaries``, by run id), oldest first: run_id,
+    job, state, where it was found (nodes, local), the nodes that did not answer, and its
+    attempt of how many (1 of 1 without restarts)."""
+    found: dict[str, dict[str, Any]] = {}
+    reads: dict[str, list[Mapping[str, Any]]] = {}
+    for host, node in sorted((view.get("nodes") or {}).items()):
+        for r in node or []:
+            entry = found.setdefault(r["run_id"], {"run_id": r["run_id"], "job": r.get("job"), "nodes": []})
+            entry["nodes"].append(host)
+            reads.setdefault(r["run_id"], []).append(r)
+    for run_id in sorted(set(found) | set(summaries)):
+        entry = found.setdefault(run_id, {"run_id": run_id, "job": None, "nodes": []})
+        summary = summaries.get(run_id)
+        entry["local"] = summary is not None
+        # The master's job.json speaks for the run (with restarts, the node's the run moved
+        # to); then every node's units; then the controller's summary.
+        record = attempts.newest_record(r.get("job_state") for r in reads.get(run_id, []))
+        entry["state"] = vocab.run_state(job=record, units=[u for r in reads.get(run_id, []) for u in r.get("units", [])],
+                                         summary=summary)
+        entry["attempt"], entry["max_attempts"] = (attempts.position(record) if record or not summary else
+                                                   (summary.get("attempt") or 1, summary.get("max_attempts") or 1))
+        entry["unreachable"] = list(view.get("unreachable") or [])
+    return [found[k] for k in sorted(found)]
 
 
 def attempt_fields(job: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -209,19 +209,56 @@ class AbortKind(_Word):
     MOVED = "moved"
 
 
+class FollowOutcome(_Word):
+    """How a follow of a run (attach_run) ended."""
+
+    FINISHED = "finished"  # the run ended, as its record says
+    MASTER_LOST = "master_lost"  # the followed node stopped answering
+    MOVED = "moved"  # the followed node's record says the run went on elsewhere (moved_to)
+    ABSENT = "absent"  # a node asked to take over never held the run's record
+
+
+class StartOutcome(_Word):
+    """How a start's wait for a unit that others start after (its listen) ended."""
+
+    LISTENING = "listening"
+    SUCCEEDED = "succeeded"  # it ended with code 0 without listening: the later phase starts
+    FAILED = "failed"
+    PEER_FAILED = "peer-failed"  # another node's unit failed first, and the guards stopped this one
+
+
+class RankOutcome(_Word):
+    """How each rank of a run ended, as its summary says (summary.json's ranks[].outcome)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    STOPPED = "stopped"  # its guard stopped it: another rank failed, or a stop was asked
+    MISSING = "missing"  # no end recorded: its node or its guard went away
+    NOT_STARTED = "not started"  # its guard still waited for the earlier phase when the run ended
+    LEFT_OUT = "left out"  # its node was lost and a later attempt ran without it
+
+
 # An attempt that ends with one of these may be followed by another (launch_max_restarts).
 RESTARTABLE = (AbortKind.RANK_FAILED, AbortKind.NODE_LOST, AbortKind.STALLED)
 
 
+def ended(abort: dict | None) -> RunState:
+    """How a run that ended with ``abort`` reads, wherever it is read: stopped (on request),
+    moved (its master was lost and the run went on elsewhere), else failed."""
+    kind = (abort or {}).get("kind")
+    if kind == AbortKind.STOPPED:
+        return RunState.STOPPED
+    return RunState.MOVED if kind == AbortKind.MOVED else RunState.FAILED
+
+
 def job_state(units: list[dict], exits: dict[int, int], abort: dict | None, lost: list[int],
               members: set[int] | None = None) -> str:
-    """The run's state from the store's view: running, succeeded or failed; a stop on request
-    is stopped. Services (sshd) do not count, nor units outside the attempt (``members``)."""
+    """The run's state from the store's view, as its host writes it into job.json: running,
+    succeeded, or as its abort ends it (ended). Services (sshd) do not count, nor units
+    outside the attempt (``members``)."""
     primary = [i for i, u in enumerate(units) if not u.get("service") and (members is None or i in members)]
     if abort:
-        if abort["kind"] == AbortKind.MOVED:
-            return RunState.MOVED.value
-        return (RunState.STOPPED if abort["kind"] == AbortKind.STOPPED else RunState.FAILED).value
+        return ended(abort).value
     if lost:
         return RunState.FAILED.value
     if all(i in exits for i in primary):
@@ -229,20 +266,42 @@ def job_state(units: list[dict], exits: dict[int, int], abort: dict | None, lost
     return RunState.RUNNING.value
 
 
-def summarize(info: dict) -> str:
-    """The run's state as one node's folder shows it (run_folder.read_run's ``info``): the
-    master's job.json where there is one, else what its units' records say."""
-    job = info["job_state"]
+def run_state(job: dict | None = None, units: list[dict] = (), summary: dict | None = None,
+              scheduler: str | None = None) -> str:
+    """A run's state: the one rule that every reader applies (a status, the runs list, an
+    attach, the summary, a scheduler's job), whichever sources it has, from one node or
+    from many:
+
+    - ``job``: the record of the guard hosting the run's store (job.json), the newest that
+      speaks for the run. Its abort says how the run ended; else its state stands.
+    - ``units``: the units' own records (guard-N.json), of every node read. The run runs
+      while any unit does; else the first abort any records ends it.
+    - ``summary``: the controller's summary.json: its abort, else whether it was ok.
+    - ``scheduler``: a scheduler's word for its job, as a run state while it queues or runs
+      (or once it completed), or as the kind of abort that its end amounts to.
+
+    With none of them saying how the run ended, units that all ended are ``exited`` (a
+    worker's folder: its master says how), and nothing at all is ``unknown``."""
     if job:
-        return job["state"]
-    states = [u["state"] for u in info["units"]]
-    if not states:
-        return RunState.UNKNOWN.value
-    if any(s not in UNIT_FINAL for s in states):
+        return (ended(job["abort"]) if job.get("abort") else RunState(job["state"])).value
+    if any(u.get("state") not in UNIT_FINAL for u in units):
         return RunState.RUNNING.value
-    if any(u.get("abort") for u in info["units"]):
-        return RunState.FAILED.value
-    return RunState.EXITED.value
+    abort = next((u["abort"] for u in units if u.get("abort")), None) or (summary or {}).get("abort")
+    if abort:
+        return ended(abort).value
+    if summary is not None:
+        return (RunState.SUCCEEDED if summary.get("ok") else RunState.FAILED).value
+    if scheduler:
+        return (ended({"kind": scheduler}) if scheduler in ABORT_WORDS else RunState(scheduler)).value
+    return (RunState.EXITED if units else RunState.UNKNOWN).value
+
+
+ABORT_WORDS = {k.value for k in AbortKind}
+
+
+def summarize(info: dict) -> str:
+    """The run's state as one node's folder shows it (run_folder.read_run's ``info``)."""
+    return run_state(job=info["job_state"], units=info["units"])
 
 
 def run_record(config: dict, job: dict | None, job_age_s: float | None) -> dict | None:

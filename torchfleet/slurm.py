@@ -315,10 +315,12 @@ def sbatch_script(spec: Mapping[str, Any], *, partition: str, hostnames: Mapping
 # --- the job's state, from squeue alone (no accounting: sacct then says "Slurm accounting
 # storage is disabled" and exits 1) -----------------------------------------------------------
 
-RunState = run_vocab.RunState
-# Every job state of squeue's JOB STATE CODES (its long name and short code), as a run state
-# and what it means for the run. A state not here reads "unknown", never an error.
-JOB_STATES: dict[str, tuple[str, RunState, str]] = {
+RunState, AbortKind = run_vocab.RunState, run_vocab.AbortKind
+# Every job state of squeue's JOB STATE CODES (its long name and short code), as the run state
+# it queues, runs or completes in, or the kind of abort its end amounts to (run_vocab.run_state
+# decides how that reads), and what it means for the run. A state not here reads "unknown",
+# never an error.
+JOB_STATES: dict[str, tuple[str, str, str]] = {
     "PENDING": ("PD", RunState.RUNNING, "waiting in the queue for its nodes"),
     "CONFIGURING": ("CF", RunState.RUNNING, "its nodes are being readied"),
     "RUNNING": ("R", RunState.RUNNING, "running"),
@@ -334,15 +336,15 @@ JOB_STATES: dict[str, tuple[str, RunState, str]] = {
     "SPECIAL_EXIT": ("SE", RunState.RUNNING, "held after a special exit: scontrol release it, or torchfleet stop"),
     "RESV_DEL_HOLD": ("RD", RunState.RUNNING, "held because its reservation was deleted"),
     "COMPLETED": ("CD", RunState.SUCCEEDED, "every step exited 0"),
-    "FAILED": ("F", RunState.FAILED, "a step or the batch script exited non-zero"),
-    "TIMEOUT": ("TO", RunState.FAILED, "it reached its time limit"),
-    "NODE_FAIL": ("NF", RunState.FAILED, "one of its nodes failed"),
-    "BOOT_FAIL": ("BF", RunState.FAILED, "its nodes failed to boot"),
-    "OUT_OF_MEMORY": ("OOM", RunState.FAILED, "a step ran out of memory"),
-    "DEADLINE": ("DL", RunState.FAILED, "it passed its deadline"),
-    "PREEMPTED": ("PR", RunState.FAILED, "another job preempted it"),
-    "CANCELLED": ("CA", RunState.STOPPED, "cancelled (scancel)"),
-    "REVOKED": ("RV", RunState.STOPPED, "revoked: a sibling job of its federation runs it elsewhere"),
+    "FAILED": ("F", AbortKind.RANK_FAILED, "a step or the batch script exited non-zero"),
+    "TIMEOUT": ("TO", AbortKind.TIMEOUT, "it reached its time limit"),
+    "NODE_FAIL": ("NF", AbortKind.NODE_LOST, "one of its nodes failed"),
+    "BOOT_FAIL": ("BF", AbortKind.NODE_LOST, "its nodes failed to boot"),
+    "OUT_OF_MEMORY": ("OOM", AbortKind.RANK_FAILED, "a step ran out of memory"),
+    "DEADLINE": ("DL", AbortKind.TIMEOUT, "it passed its deadline"),
+    "PREEMPTED": ("PR", AbortKind.RANK_FAILED, "another job preempted it"),
+    "CANCELLED": ("CA", AbortKind.STOPPED, "cancelled (scancel)"),
+    "REVOKED": ("RV", AbortKind.STOPPED, "revoked: a sibling job of its federation runs it elsewhere"),
 }
 _BY_CODE = {code: name for name, (code, _, _) in JOB_STATES.items()}
 # Reasons of a pending job that no wait will cure: the request itself is wrong.
@@ -359,8 +361,8 @@ def job_state(slurm_state: str) -> tuple[str, str]:
     name = _BY_CODE.get(word, word)
     if name not in JOB_STATES:
         return RunState.UNKNOWN.value, f"Slurm state {slurm_state!r} is not one torchfleet knows"
-    _, state, text = JOB_STATES[name]
-    return state.value, f"{name}: {text}"
+    _, word, text = JOB_STATES[name]
+    return run_vocab.run_state(scheduler=word), f"{name}: {text}"
 
 
 def squeue_command(job_id: str | int) -> list[str]:

@@ -55,10 +55,11 @@ class ActionModule(ActionBase):
             except AnsibleConnectionFailure as exc:
                 state = {"unreachable": True, "msg": str(exc)}
             if state.get("unreachable"):
-                result.update(changed=False, outcome="master_lost", state=vocab.RunState.FAILED.value,
-                              abort={"kind": vocab.AbortKind.NODE_LOST.value, "host": host, "hosts": [host],
-                                     "reason": f"the master node {host} stopped answering the controller: "
-                                               f"{state.get('msg', '').strip()[:200]}"})
+                abort = {"kind": vocab.AbortKind.NODE_LOST.value, "host": host, "hosts": [host],
+                         "reason": f"the master node {host} stopped answering the controller: "
+                                   f"{state.get('msg', '').strip()[:200]}"}
+                result.update(changed=False, outcome=vocab.FollowOutcome.MASTER_LOST.value,
+                              state=vocab.run_state(job={"abort": abort}), abort=abort)
                 return result
             if state.get("failed"):
                 return dict(result, failed=True, msg=f"could not read run {args['run_id']} on {host}: {state.get('msg')}")
@@ -66,29 +67,32 @@ class ActionModule(ActionBase):
             job = run.get("job_state")
             if job and not attempts.speaks_for_run(job):
                 # A master that the run left (restarts): wait.yml follows the next node.
-                result.update(changed=False, outcome="moved", state=job["state"], abort=job.get("abort"), job=job,
-                              moved_to=job.get(attempts.MOVED_TO))
+                result.update(changed=False, outcome=vocab.FollowOutcome.MOVED.value, state=vocab.run_state(job=job),
+                              abort=job.get("abort"), job=job, moved_to=job.get(attempts.MOVED_TO))
                 return result
             if job and job["state"] != vocab.RunState.RUNNING:
-                result.update(changed=False, outcome="finished", state=job["state"], abort=job.get("abort"), job=job)
+                result.update(changed=False, outcome=vocab.FollowOutcome.FINISHED.value, state=vocab.run_state(job=job),
+                              abort=job.get("abort"), job=job)
                 return result
             if job and (run.get("job_age_s") or 0) > args["stale_after"]:
-                result.update(changed=False, outcome="finished", state=vocab.RunState.FAILED.value, job=job,
-                              abort={"kind": vocab.AbortKind.STOPPED.value, "host": host,
-                                     "reason": f"the guard hosting the run's store on {host} is gone ({vocab.JOB} not "
-                                               f"updated for {run['job_age_s']:g}s): it was killed, or its unit "
-                                               "removed (torchfleet down)"})
+                abort = {"kind": vocab.AbortKind.STOPPED.value, "host": host,
+                         "reason": f"the guard hosting the run's store on {host} is gone ({vocab.JOB} not "
+                                   f"updated for {run['job_age_s']:g}s): it was killed, or its unit "
+                                   "removed (torchfleet down)"}
+                result.update(changed=False, outcome=vocab.FollowOutcome.FINISHED.value,
+                              state=vocab.run_state(job={"abort": abort}), job=job, abort=abort)
                 return result
             if not job and time.monotonic() - started > args["start_timeout"] and args["takeover"]:
-                result.update(changed=False, outcome="absent", state=None, abort=None)
+                result.update(changed=False, outcome=vocab.FollowOutcome.ABSENT.value, state=None, abort=None)
                 return result
             if not job and time.monotonic() - started > args["start_timeout"]:
                 # Not a rank's failure: nothing of the run got going (a start cut short, a
                 # guard that could not start), which the CLI reports as a failed task.
-                result.update(changed=False, outcome="finished", state=vocab.RunState.FAILED.value,
-                              abort={"kind": vocab.AbortKind.NOT_STARTED.value, "host": host,
-                                     "reason": f"the guard hosting the supervision store on {host} never wrote "
-                                               f"{vocab.JOB} within {args['start_timeout']:g}s"})
+                abort = {"kind": vocab.AbortKind.NOT_STARTED.value, "host": host,
+                         "reason": f"the guard hosting the supervision store on {host} never wrote "
+                                   f"{vocab.JOB} within {args['start_timeout']:g}s"}
+                result.update(changed=False, outcome=vocab.FollowOutcome.FINISHED.value,
+                              state=vocab.run_state(job={"abort": abort}), abort=abort)
                 return result
             if time.monotonic() - last_progress >= args["progress_interval"]:
                 last_progress = time.monotonic()

@@ -73,21 +73,21 @@ class ActionModule(ActionBase):
                     else f"no result after {timeout}s (launch_timeout)"
                 )
             if reason:
-                outcome = "failed"
+                outcome = vocab.StartOutcome.FAILED.value
                 stopped = failed and args["run_id"] and self._abort(args, task_vars)
                 if stopped:
                     # Its guard stopped it: the run's abort names the cause, elsewhere.
-                    outcome, reason = "peer-failed", stopped["reason"]
+                    outcome, reason = vocab.StartOutcome.PEER_FAILED.value, stopped["reason"]
                 break
             if all(c["exit_code"] == 0 for c in containers):
-                outcome = "succeeded"
+                outcome = vocab.StartOutcome.SUCCEEDED.value
                 break
             left = timeout - (time.monotonic() - started) if timeout else None
             if listen and self._listening(listen, task_vars, left):
-                outcome = "listening"
+                outcome = vocab.StartOutcome.LISTENING.value
                 break
             if listen and args["run_id"] and self._guards_done(args, expected, task_vars):
-                outcome = "succeeded"
+                outcome = vocab.StartOutcome.SUCCEEDED.value
                 break
             if time.monotonic() - last_progress >= progress_every:
                 last_progress = time.monotonic()

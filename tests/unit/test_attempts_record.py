@@ -95,7 +95,7 @@ def test_a_rank_on_a_node_the_last_attempt_ran_without_is_left_out_not_blamed(tm
         (tmp_path / run_vocab.checksum_file(r)).write_text("old\n" if r == 2 else "abc\n")
     s = report.summarize("r1", spec(), [final(0, 0), final(1, 0)], tmp_path)
     assert s["ok"] and s["failed_rank"] is None and s["checksums_equal"]
-    assert [r["outcome"] for r in s["ranks"]] == ["ok", "ok", report.LEFT_OUT]
+    assert [r["outcome"] for r in s["ranks"]] == ["ok", "ok", "left out"]
     assert report.format_table(s)[4].split()[3:5] == ["left", "out"]
 
 
@@ -127,7 +127,7 @@ def test_the_record_of_the_node_the_run_moved_to_speaks_for_it_not_the_old_maste
     assert report.job_record(tmp_path)["master"] == "node-2"
     s = report.summarize("r1", spec(), [final(1, 0), final(2, 0)], tmp_path)
     assert s["ok"] and s["abort"] is None and s["model"] == str(tmp_path / "model-node-2.pt")
-    assert [r["outcome"] for r in s["ranks"]] == [report.LEFT_OUT, "ok", "ok"]
+    assert [r["outcome"] for r in s["ranks"]] == ["left out", "ok", "ok"]
 
 
 def test_collect_brings_each_attempts_log_copy_and_each_nodes_record_only_with_restarts():
