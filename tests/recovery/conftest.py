@@ -65,11 +65,28 @@ def recovery():
         local_cluster_down(NAME, inventory_dir)
 
 
+@pytest.fixture(autouse=True)
+def fresh_round(request, recovery):
+    """bench/load.py runs every case several times in one session (tests/load_rounds.py). A
+    round's runs reuse the last round's ids, which the nodes and the runs folder refuse (and
+    whose checkpoints a run would resume from): each round after the first starts without them."""
+    callspec = getattr(request.node, "callspec", None)
+    number = callspec.params.get("load_round", 1) if callspec else 1
+    if number > 1 and number not in recovery.rounds:
+        recovery.rounds.add(number)
+        for node in NODES:
+            # The exited containers too: a launch saves their logs into their run's folder.
+            recovery.node(node, f"docker ps -aq --filter label=torchfleet.run | xargs -r docker rm -f; rm -rf {RUNS}/*")
+        for folder in recovery.runs_dir.iterdir():
+            shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+
+
 class Recovery(ClusterCli):
     """The CLI against the three hosts, the faults a test can inject, and the nodes' own files."""
 
     def __init__(self, inventory_dir, runs_dir):
         super().__init__(NAME, inventory_dir, runs_dir, TIMING, NODE_TIMEOUT)
+        self.rounds = set()  # the rounds that fresh_round has cleared for
 
     def launch(self, run_id, restarts, workload_args, *more):
         """An attached launch of the bundled workload with ``restarts`` restarts, in the background."""

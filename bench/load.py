@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The guard, restart and recovery tests under load: each test K times beside a CPU hog.
+
+A 2-core machine that also runs molecule, the cluster stages and other sessions' tests
+starves the guards; a race that needs a thread to stand still for seconds shows there and
+nowhere else. This runs the chosen suites K rounds in one pytest session per suite
+(tests/load_rounds.py: round 1 of every test, then round 2, ...; a suite's cluster is made
+once) while Debian's stress-ng keeps CPU workers busy beside them, and reports each test's
+passes out of its runs. It is not part of scripts/test.sh.
+
+Suites:
+  guard      tests/unit/test_guard.py, test_guard_sync.py, test_guard_report.py (real guards
+             on this machine, with stand-ins for torch where the test says so)
+  restarts   tests/unit/test_guard_restarts.py (three real guards and their store on loopback)
+  recovery   tests/recovery/test_recovery.py (three docker hosts of their own: slower; its
+             cluster's name and subnet follow TORCHFLEET_TEST_PREFIX and
+             TORCHFLEET_TEST_SUBNET_BASE, see tests/recovery/conftest.py)
+
+Run from the repository root with the venv active:
+
+    python bench/load.py                          # guard and restarts, 20 rounds, 2 hog workers
+    python bench/load.py --rounds 5 recovery      # the recovery cases 5 times
+    python bench/load.py --hog 0 restarts         # no hog: the same rounds on a quiet machine
+
+Exit status 0 when every run of every test passed. ``--json FILE`` writes the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+SUITES = {
+    "guard": ["tests/unit/test_guard.py", "tests/unit/test_guard_sync.py", "tests/unit/test_guard_report.py"],
+    "restarts": ["tests/unit/test_guard_restarts.py"],
+    "recovery": ["tests/recovery/test_recovery.py"],
+}
+# A round's part of a test's id: alone, or beside the test's own parameters.
+ROUND = re.compile(r"\[round-\d+\]$|(?<=\[)round-\d+-|-round-\d+(?=[-\]])")
+
+
+def start_hog(workers: int) -> subprocess.Popen | None:
+    """stress-ng's CPU workers, in a process group of their own."""
+    if workers <= 0:
+        return None
+    if not shutil.which("stress-ng"):
+        sys.exit("stress-ng is not installed (Debian: apt-get install stress-ng)")
+    return subprocess.Popen(["stress-ng", "--cpu", str(workers), "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_hog(hog: subprocess.Popen | None) -> None:
+    if hog is None:
+        return
+    try:
+        os.killpg(hog.pid, signal.SIGTERM)
+        hog.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(hog.pid, signal.SIGKILL)
+        hog.wait()
+
+
+def test_name(case) -> str:
+    """A junit testcase's test, without its round."""
+    name = ROUND.sub("", case.get("name", ""))
+    return f"{case.get('classname', '')}::{name}"
+
+
+def outcomes(report: str) -> dict[str, list[str]]:
+    """Each test's outcome in every round: passed, failed, error or skipped."""
+    found: dict[str, list[str]] = collections.defaultdict(list)
+    for case in ET.parse(report).getroot().iter("testcase"):
+        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        found[test_name(case)].append({"failure": "failed"}.get(kinds[0], kinds[0]) if kinds else "passed")
+    return dict(found)
+
+
+def run_suite(name: str, rounds: int, folder: str) -> tuple[dict[str, list[str]], float, int]:
+    report = os.path.join(folder, f"{name}.xml")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "load_rounds", "--rounds", str(rounds),
+                           "-p", "no:cacheprovider", f"--junitxml={report}", *SUITES[name]],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seconds = time.monotonic() - started
+    tail = done.stdout.strip().splitlines()[-60:]
+    if done.returncode not in (0, 1):
+        print("\n".join(tail))
+    if not os.path.exists(report):
+        return {}, seconds, done.returncode
+    if done.returncode == 1:
+        print("\n".join(line for line in tail if line.startswith(("FAILED", "ERROR")) or "Error" in line))
+    return outcomes(report), seconds, done.returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("suites", nargs="*", default=["guard", "restarts"], help=f"of {', '.join(SUITES)}")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="stress-ng CPU workers (0: none)")
+    parser.add_argument("--json", help="write the counts here")
+    args = parser.parse_args()
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        parser.error(f"no suite {', '.join(unknown)}; the suites are {', '.join(SUITES)}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="load-") as folder:
+        for suite in args.suites:
+            hog = start_hog(args.hog)
+            try:
+                found, seconds, code = run_suite(suite, args.rounds, folder)
+            finally:
+                stop_hog(hog)
+            load = os.getloadavg()[0]
+            results[suite] = {"seconds": round(seconds), "pytest_exit": code, "load_1min_at_end": round(load, 1),
+                              "tests": {t: {"runs": len(o), "passed": o.count("passed"),
+                                            "outcomes": dict(collections.Counter(o))} for t, o in found.items()}}
+    ok = True
+    for suite, result in results.items():
+        tests = result["tests"]
+        runs = sum(t["runs"] for t in tests.values())
+        passed = sum(t["passed"] for t in tests.values())
+        skipped = sum(t["outcomes"].get("skipped", 0) for t in tests.values())
+        print(f"\n{suite}: {passed} of {runs} runs passed ({skipped} skipped), {len(tests)} tests x {args.rounds} rounds, "
+              f"hog {args.hog} worker(s), {result['seconds']} s, load {result['load_1min_at_end']} at the end")
+        for test, counts in sorted(tests.items()):
+            mark = "" if counts["passed"] + counts["outcomes"].get("skipped", 0) == counts["runs"] else "   <--"
+            print(f"  {counts['passed']:>3}/{counts['runs']:<3} {test}{mark}")
+        ok = ok and result["pytest_exit"] == 0 and runs == passed + skipped and runs > 0
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rounds": args.rounds, "hog_workers": args.hog, "suites": results}, fh, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
