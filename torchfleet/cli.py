@@ -284,7 +284,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> dict[str, Any]:
     sync = livesync.LiveSync(cluster, run_id, folder / "logdir")
     last: livesync.Round | None = None
     try:
-        last = sync.step()
+        last = sync.start()
         livesync.require_run(last, sync)
         sync.relink()
         with livesync.serve(sync.view, args.host, args.port, reload_s=min(args.interval, 5.0)) as url:

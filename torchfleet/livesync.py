@@ -308,6 +308,14 @@ class LiveSync:
                                                        if a.get("skipped")},
                      seconds=round(time.monotonic() - started, 2))
 
+    def start(self) -> Round:
+        """The first round, and where it only learnt the run's spec, a second that brings
+        what the nodes hold already: TensorBoard then starts with every curve so far."""
+        done = self.step()
+        if not done.brought and self.spec is not None:
+            done = self.step()
+        return done
+
     def relink(self) -> dict[str, tuple[str, str]]:
         """Lay out the event files held in runs/RUN/out/ in ``view``, one TensorBoard run per
         rank and attempt; returns the layout."""

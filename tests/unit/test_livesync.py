@@ -1,11 +1,11 @@
 """Issue 59, item 2: the live sync's parts without nodes. The node's side (out_sync: what
 changed, only the new bytes of a file that grew) run against real files here, the
 controller's (apply, the names per rank and attempt, the layout) against what it wrote, and
-TensorBoard itself reading the layout while the files grow."""
+TensorBoard itself reading the layout while torch's SummaryWriter, as a user's script
+would, writes on the "nodes"."""
 
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import time
@@ -174,25 +174,26 @@ def test_a_restart_renumbers_ranks_and_each_rank_and_attempt_is_a_run_of_its_own
 
 
 def test_tensorboard_shows_each_rank_and_attempt_and_the_curve_grows_as_the_sync_brings_it(tmp_path):
-    """The bundled workload's writer on two nodes; node-2 writes again after a restart, in
-    the same folder, as rank 0. TensorBoard (the package) serves the layout."""
-    workload = mnist()
+    """SummaryWriter on two nodes, in each rank's folder as the bundled workload writes; node-2
+    writes again after a restart, in the same folder, as rank 0. TensorBoard (the package)
+    serves the layout."""
+    from torch.utils.tensorboard import SummaryWriter
+
     node = {h: tmp_path / "nodes" / h for h in ("node-1", "node-2")}
-    writers = {}
-    for host, rank in (("node-1", 0), ("node-2", 1)):
-        writers[(host, 1)] = workload.EventWriter(str(node[host] / "tensorboard" / f"rank-{rank}"))
+    writers = {(host, 1): SummaryWriter(str(node[host] / "tensorboard" / f"rank-{rank}"))
+               for host, rank in (("node-1", 0), ("node-2", 1))}
     for step in range(1, 6):
         for w in writers.values():
-            w.scalar("train/loss", 1.0 / step, step)
-            w.flush()
+            w.add_scalar("train/loss", 1.0 / step, step)
     started = {1: time.time() - 60, 2: time.time() + 1}
     rows = [{"attempt": k, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(t)),
              "ranks": {"node-1": [0], "node-2": [1]} if k == 1 else {"node-2": [0]}} for k, t in started.items()]
     time.sleep(1.2)
-    writers[("node-2", 2)] = workload.EventWriter(str(node["node-2"] / "tensorboard" / "rank-0"))
+    writers[("node-2", 2)] = SummaryWriter(str(node["node-2"] / "tensorboard" / "rank-0"))
     for step in range(5, 8):
-        writers[("node-2", 2)].scalar("train/loss", 0.1, step)
-        writers[("node-2", 2)].flush()
+        writers[("node-2", 2)].add_scalar("train/loss", 0.1, step)
+    for w in writers.values():
+        w.flush()
 
     class Cluster:
         runs_dir = tmp_path / "runs"
@@ -231,10 +232,12 @@ def test_tensorboard_shows_each_rank_and_attempt_and_the_curve_grows_as_the_sync
         assert points("tensorboard/rank-0/attempt-2") == [5, 6, 7]
         assert points("tensorboard/rank-1/attempt-1") == [1, 2, 3, 4, 5]
         for step in range(6, 10):
-            writers[("node-1", 1)].scalar("train/loss", 1.0 / step, step)
-            writers[("node-1", 1)].flush()
+            writers[("node-1", 1)].add_scalar("train/loss", 1.0 / step, step)
+        writers[("node-1", 1)].flush()
         bring()
         deadline = time.monotonic() + 30
         while points("tensorboard/rank-0/attempt-1") != list(range(1, 10)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert points("tensorboard/rank-0/attempt-1") == list(range(1, 10))
+    for w in writers.values():
+        w.close()
