@@ -22,6 +22,15 @@ import stat
 
 # Bytes before a file's old end that must be unchanged for its growth to be sent alone.
 TAIL = 4096
+# out_sync's options, as its documentation gives them.
+ARGS = {
+    "run_dir": {"type": "path", "required": True},
+    "own": {"type": "list", "elements": "str", "default": []},
+    "have": {"type": "dict", "default": {}},
+    "max_bytes": {"type": "int", "default": 4 << 20},
+    "max_file_bytes": {"type": "int", "default": 64 << 20},
+    "spec": {"type": "bool", "default": False},
+}
 
 
 def listing(run_dir, own):

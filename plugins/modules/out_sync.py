@@ -94,19 +94,12 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
-from ansible_collections.torchfleet.cluster.plugins.module_utils.out_sync import changes, listing, read_chunks
+from ansible_collections.torchfleet.cluster.plugins.module_utils.out_sync import ARGS, changes, listing, read_chunks
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import read_run
 
 
 def main():
-    module = AnsibleModule(argument_spec={
-        "run_dir": {"type": "path", "required": True},
-        "own": {"type": "list", "elements": "str", "default": []},
-        "have": {"type": "dict", "default": {}},
-        "max_bytes": {"type": "int", "default": 4 << 20},
-        "max_file_bytes": {"type": "int", "default": 64 << 20},
-        "spec": {"type": "bool", "default": False},
-    }, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGS, supports_check_mode=True)
     p = module.params
     run_dir = p["run_dir"]
     if not os.path.isdir(run_dir):

@@ -18,17 +18,15 @@ def default_job(workload: str) -> str:
     return templar.template(trust_as_template(template))
 
 
-@pytest.mark.parametrize("workload, job", [
-    ("/home/me/train.py", "train"),
-    (str(ROOT / "files" / "workloads" / "mnist.py"), "mnist"),
-    ("/home/me/resnet-cifar", "resnet-cifar"),
-    ("/home/me/resnet-cifar/", "resnet-cifar"),
-    ("/home/me/v1.2", "v1.2"),
-    ("/home/me/model.py.py", "model.py"),
-])
-def test_a_job_without_a_name_is_named_after_its_workload(workload, job):
-    assert default_job(workload) == job
-    assert inputs.check_job(default_job(workload)) == job
+# A workload, and the job it names.
+NAMES = {"/home/me/train.py": "train", str(ROOT / "files" / "workloads" / "mnist.py"): "mnist",
+         "/home/me/resnet-cifar": "resnet-cifar", "/home/me/resnet-cifar/": "resnet-cifar", "/home/me/v1.2": "v1.2",
+         "/home/me/model.py.py": "model.py"}
+
+
+def test_a_job_without_a_name_is_named_after_its_workload():
+    assert {workload: default_job(workload) for workload in NAMES} == NAMES
+    assert all(inputs.check_job(job) == job for job in NAMES.values())
 
 
 def test_a_workload_whose_name_is_no_job_name_is_refused_as_any_bad_job_name():
