@@ -30,6 +30,7 @@ from rich.table import Table
 
 from torchfleet import api, attempts, livesync, progress
 from torchfleet.errors import Interrupted, InventoryError, JobFailed, JobRunning, TaskFailed, TorchfleetError
+from torchfleet.inputs import check_run_id
 from torchfleet import run_vocab as vocab
 
 # Piped output (CI logs, files) gets wide tables rather than truncated cells.
@@ -120,7 +121,8 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
                 out.print(f"[bold]rank {r.rank}[/] argv {escape(' '.join(r.argv))}   cwd {escape(r.workdir)}")
                 out.print("  " + " ".join(f"{k}={escape(v)}" for k, v in r.env.items()))
         else:
-            out.print("Each rank's command and environment: torchfleet plan --show-env (or --json). Nothing was changed.")
+            out.print("Each rank's command and environment: torchfleet plan --show-env (or --json). "
+                      "Nothing was changed.")
     return {"ok": True, "plan": plan.to_dict()}
 
 
@@ -277,7 +279,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _cluster(args)
     # Its lines go beside --json's document, which comes at the end.
     say = progress.console.print if args.json else out.print
-    run_id = args.run_id or _running_run(cluster)
+    run_id = check_run_id(args.run_id or _running_run(cluster))
     # SIGTERM ends it as Ctrl-C does: TensorBoard stopped, the layout removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     folder = Path(tempfile.mkdtemp(prefix="torchfleet-tensorboard-"))
@@ -298,7 +300,8 @@ def cmd_tensorboard(args: argparse.Namespace) -> dict[str, Any]:
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
-        say(f"stopped TensorBoard and the sync of run {run_id} ({sync.rounds} rounds, {sync.bytes / 1e6:.1f} MB brought)")
+        say(f"stopped TensorBoard and the sync of run {run_id} ({sync.rounds} rounds, "
+            f"{sync.bytes / 1e6:.1f} MB brought)")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         shutil.rmtree(folder, ignore_errors=True)

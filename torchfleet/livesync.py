@@ -28,7 +28,8 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from torchfleet import attempts, outputs, run_status, runner
+from torchfleet import outputs, run_status, runner
+from torchfleet import run_vocab as vocab
 from torchfleet.errors import TorchfleetError
 from torchfleet.inputs import check_run_id
 
@@ -39,11 +40,8 @@ MAX_BYTES = 4 << 20
 MAX_FILE_BYTES = 64 << 20
 # A folder named so holds one rank's files (the bundled workload's tensorboard/rank-N).
 RANK_FOLDER = re.compile(r"rank[-_]?(\d+)")
-
-
-def is_event_file(path: str) -> bool:
-    """TensorBoard's own test: an event file has "tfevents" in its name."""
-    return "tfevents" in PurePosixPath(path).name
+# The states of a run that has ended: nothing more to bring.
+ENDED = (vocab.RunState.SUCCEEDED, vocab.RunState.FAILED, vocab.RunState.STOPPED)
 
 
 def held(out_dir: Path, digests: Mapping[str, tuple[int, int, str]]) -> dict[str, list[Any]]:
@@ -162,7 +160,8 @@ def run_name(path: str, host: str, ranks: list[int], attempt: int | None) -> str
     return "/".join(parts + ([f"attempt-{attempt}"] if attempt is not None else []))
 
 
-def layout(event_files: Mapping[str, Iterable[str]], names: Mapping[tuple[str, str], str]) -> dict[str, tuple[str, str]]:
+def layout(event_files: Mapping[str, Iterable[str]],
+           names: Mapping[tuple[str, str], str]) -> dict[str, tuple[str, str]]:
     """{path in TensorBoard's folder: (host, path in its out folder)} for every event file
     (``event_files``, by host) that ``names`` names. Two hosts whose files would share a run
     each get their own, the host appended: two writers never merge into one curve."""
@@ -204,8 +203,8 @@ def link(view: Path, placed: Mapping[str, tuple[str, str]], out_root: Path) -> N
 
 @dataclass
 class Round:
-    """What one round found: the run's state (run_status's fields), the bytes brought from
-    each node, the nodes that did not answer, and those that hold no part of the run."""
+    """What one round found: the run's state and attempt (run_status's fields), the bytes
+    brought from each node, the nodes that did not answer, and the files left to the collect."""
 
     state: str
     attempt: int
@@ -217,7 +216,8 @@ class Round:
 
     @property
     def running(self) -> bool:
-        return self.state == "running"
+        """Whether the run may still change: a round that no node answered says nothing of its end."""
+        return self.state not in ENDED
 
 
 class News:
@@ -325,7 +325,7 @@ class LiveSync:
             for host_dir in sorted(p for p in self.out_root.iterdir() if p.is_dir() and not p.name.startswith(".")):
                 for path in sorted(host_dir.rglob("*tfevents*")):
                     rel = path.relative_to(host_dir).as_posix()
-                    if path.is_file() and is_event_file(rel) and not any(p.startswith(".") for p in PurePosixPath(rel).parts):
+                    if path.is_file() and not any(part.startswith(".") for part in PurePosixPath(rel).parts):
                         event_files.setdefault(host_dir.name, []).append(rel)
         for host, paths in event_files.items():
             for rel in paths:

@@ -72,7 +72,8 @@ class Browser:
         self.call("POST", f"{self.session}/refresh", {})
 
     def text(self):
-        return self.call("POST", f"{self.session}/execute/sync", {"script": "return document.body.innerText", "args": []})
+        script = {"script": "return document.body.innerText", "args": []}
+        return self.call("POST", f"{self.session}/execute/sync", script)
 
     def last_steps(self, runs):
         """From the page, each run's loss series as TensorBoard's scalars endpoint serves it: its last step."""

@@ -10,14 +10,12 @@ import json
 import os
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import out_sync
 from ansible_collections.torchfleet.cluster.plugins.modules import out_sync as out_sync_module
-from harness import ROOT
 from torchfleet import livesync
 
 def mnist():

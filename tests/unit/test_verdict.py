@@ -40,7 +40,8 @@ def lost_master_run(tmp_path):
             {"attempt": 2, "state": "succeeded", "nodes": ["node-2", "node-3"], "world_size": 2,
              "started_at": "t2", "ended_at": "t3", "cause": None}]
     ranks = [RankResult(0, "node-1", None, "left out", None, None, 0, None),
-             RankResult(1, "node-2", 0, "ok", 30.0, 0.3, 60, None), RankResult(2, "node-3", 0, "ok", 30.0, 0.3, 60, None)]
+             RankResult(1, "node-2", 0, "ok", 30.0, 0.3, 60, None),
+             RankResult(2, "node-3", 0, "ok", 30.0, 0.3, 60, None)]
     return RunResult(run_id="r1", run_dir=str(tmp_path), ok=True, master="10.0.0.2:29500", world_size=3, ranks=ranks,
                      checksums_equal=True, model=None, loss_plot=None, summary_path=str(tmp_path / "summary.json"),
                      unreachable=["node-1"], note=report.unreachable_note("r1", ["node-1"]), attempts=rows,
