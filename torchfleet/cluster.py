@@ -222,9 +222,8 @@ class Cluster:
 
     def _control(self, action: str, run_id: str | None, interruptible: bool = False,
                  **variables: Any) -> dict[str, Any]:
-        result, collected = self._run(runner.playbook("run"), f"{action} {run_id or ''}".strip(),
-                                      dict(variables, launch_run_action=action,
-                                           **({"launch_run_id": run_id} if run_id else {})), interruptible)
+        result, collected = self._run(runner.playbook(action), f"{action} {run_id or ''}".strip(),
+                                      dict(variables, **({"launch_run_id": run_id} if run_id else {})), interruptible)
         if result.interrupted:
             return {"interrupted": result.interrupted}
         if action in ("attach", "stop", "collect"):

@@ -98,7 +98,7 @@ def node_input(values: Mapping[str, Any], host: str) -> dict[str, Any]:
     return {"settings": settings, "env_public": parts["public"], "env_shown": parts["shown"],
             "has_secrets": bool(parts["secret"]),
             "bare": mode.runtime(job) == "process",
-            # What the launch role starts: start_units_<unit_kind>.yml.
+            # What the launch role's start_units action starts (LaunchMode.unit_kind).
             "unit_kind": mode.unit_kind(job),
             # What the check phase reads on the node for the mode, beyond every mode's.
             "mode_probe": mode.probe(settings),

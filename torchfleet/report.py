@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchfleet import attempts, modes
+from torchfleet.rank_logs import tail
 from torchfleet import run_vocab as vocab
 from torchfleet.run_vocab import RankOutcome
 
@@ -63,25 +64,6 @@ def parse_steps(log: str) -> list[dict[str, Any]]:
             }
         )
     return steps
-
-
-def launcher_finals(launcher: Mapping[str, Any], ranks: list[int], failed: Mapping[int, int],
-                    others_stopped: bool) -> list[dict[str, Any]]:
-    """Per-rank final states where one launcher process (a mode's: LaunchMode.finals) ran ``ranks``: all 0 when
-    it exited 0; else ``failed`` (index in ``ranks`` -> exit code) are blamed and the rest,
-    which have no exit code of their own, count as stopped when ``others_stopped``."""
-    finals = []
-    for index, rank in enumerate(ranks):
-        final = {"rank": rank, "started_at": launcher.get("started_at"), "finished_at": launcher.get("finished_at")}
-        if launcher.get("exit_code") == 0:
-            final.update(exit_code=0, stopped_by_torchfleet=False)
-        elif index in failed:
-            final.update(exit_code=failed[index], stopped_by_torchfleet=False)
-        else:
-            final.update(exit_code=None, stopped_by_torchfleet=others_stopped,
-                         stopped_because=launcher.get("stopped_because") if others_stopped else None)
-        finals.append(final)
-    return finals
 
 
 def run_files(spec: Mapping[str, Any], host: str) -> list[tuple[str, str]]:
@@ -221,10 +203,6 @@ def apply_guards(finals: Iterable[Mapping[str, Any]], guards: Mapping[tuple, Map
                     "left_out": guard["state"] == vocab.UnitState.LEFT_OUT,
                     "not_started": bool(guard.get("not_started"))})
     return out
-
-
-def tail(log: str, lines: int = 15) -> str:
-    return "\n".join(log.rstrip().splitlines()[-lines:])
 
 
 def summarize(run_id: str, spec: Mapping[str, Any], finals: Iterable[Mapping[str, Any]],

@@ -1,6 +1,6 @@
-"""A run's status from what `run.yml` showed: the master's record of the run, or every
-node's own records where that record could not answer (the launch role's control_master.yml
-and control.yml)."""
+"""A run's status from what playbooks/status.yml showed: the master's record of the run, or
+every node's own records where that record could not answer (the launch role's
+status_master.yml and status.yml); and the runs list from every node's runs."""
 
 from __future__ import annotations
 

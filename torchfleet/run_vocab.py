@@ -50,9 +50,6 @@ SECRET_ENV = "node.secret.env"  # mpirun's ranks' secret environment, removed by
 GUARD_RECORDS = "guard-*.json"  # every unit's record, by its guard
 GUARD_LOCKS = "guard-*.lock"  # every unit's guard holds its own for its whole life (guard_lock)
 SUMMARY = "summary.json"  # the controller's report of the run (runs/<run_id>/ only)
-SBATCH_SCRIPT = "sbatch.sh"  # launch_mode slurm: the job as sbatch runs it (the master's folder)
-SLURM_JOB_ID = "slurm-job-id"  # launch_mode slurm: the id sbatch gave the job (the master's folder)
-SBATCH_LOG = "sbatch.log"  # launch_mode slurm: the batch script's own output, srun's messages (the batch host's)
 LOGS = "*.log"
 
 

@@ -18,7 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from torchfleet.errors import TorchfleetError
 
 
 # torchfleet's playbooks, by their name in the collection: Ansible finds the checkout's

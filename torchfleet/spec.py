@@ -178,7 +178,7 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         unit.command = [python, f"{out}/{run_vocab.GUARD_SOURCE}", f"{out}/{run_vocab.GUARD_CONFIG}", str(i), "--",
                         *unit.argv]
     return {
-        "run_id": job["run_id"], "job": job["job"], "store_unit": host_unit,
+        "run_id": job["run_id"], "job": job["job"], "mode": job.get("mode"), "store_unit": host_unit,
         "store": {"host": str(table["master_addr"]), "port": settings["port"], "node": master},
         "node_timeout": settings["node_timeout"], "stall_timeout": settings["stall_timeout"],
         "job_timeout": settings["timeout"], "poll_interval": settings["poll_interval"],

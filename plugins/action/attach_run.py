@@ -7,7 +7,7 @@ on the master until the run ends or the next progress line is due, reading job.j
 every poll: one module run per progress line instead of one per poll.
 
 With restarts, a master whose job.json says the run moved on ends the follow as ``moved``;
-the launch role's wait.yml then follows the next node in node order with ``takeover``.
+the launch role's follow.yml then follows the next node in node order with ``takeover``.
 """
 
 import time
@@ -39,9 +39,22 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
+        result = self._follow(super().run(tmp, task_vars), task_vars)
+        outcome = result.get("outcome")
+        # What the role decides from the outcome, said here once (run_vocab.FollowOutcome):
+        # whether to follow the next node (the master was lost, or the run moved on), whether
+        # the guards end the run by themselves (the launch need not stop it), and whether a
+        # node asked to take over held the run's record. A follow that failed (the node's read
+        # failed) goes on to the next node, as a lost master's.
+        result.update(follow_on=outcome in (None, vocab.FollowOutcome.MASTER_LOST, vocab.FollowOutcome.MOVED),
+                      left_to_guards=outcome in (vocab.FollowOutcome.FINISHED, vocab.FollowOutcome.MASTER_LOST,
+                                                 vocab.FollowOutcome.MOVED),
+                      took_over=outcome != vocab.FollowOutcome.ABSENT)
+        return result
+
+    def _follow(self, result, task_vars):
         args = core.validate_args(self, ARGS)
-        # wait.yml follows a node that took the run over from the task's host (delegate_to).
+        # follow.yml follows a node that took the run over from the task's host (delegate_to).
         host = self._task.delegate_to or task_vars["inventory_hostname"]
         started = time.monotonic()
         last_progress = started
@@ -66,7 +79,7 @@ class ActionModule(ActionBase):
             run = state.get("run") or {}
             job = run.get("job_state")
             if job and not attempts.speaks_for_run(job):
-                # A master that the run left (restarts): wait.yml follows the next node.
+                # A master that the run left (restarts): follow.yml follows the next node.
                 result.update(changed=False, outcome=vocab.FollowOutcome.MOVED.value, state=vocab.run_state(job=job),
                               abort=job.get("abort"), job=job, moved_to=job.get(attempts.MOVED_TO))
                 return result

@@ -8,7 +8,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401  # pylint: disable=unused-import
-from torchfleet import attempts, cpus, hosts, inputs, outputs, overlay, preflight, ranks, redact, settings, slurm
+from torchfleet import attempts, cpus, hosts, inputs, modes, outputs, overlay, preflight, ranks, redact, settings, slurm
 from torchfleet.errors import InventoryError
 
 
@@ -46,6 +46,32 @@ def kubelet_config_dir(cmdline):
     from torchfleet.k8s import kubelet  # here: the Kubernetes checks cost the other filters nothing
 
     return kubelet.config_dir(base64.b64decode(cmdline)) or ""
+
+
+def start_gate(listens):
+    """Whether the start may go on: every unit that others start after listens, or ended with
+    code 0 without listening, by the start's waits (``listens``; None where a node did not wait)."""
+    return all(wait.get("outcome") in (run_vocab.StartOutcome.LISTENING, run_vocab.StartOutcome.SUCCEEDED)
+               for wait in listens if wait)
+
+
+def mode_roles(mode, torchrun_runtime="container"):
+    """The roles that site.yml gives a node for its launch mode (LaunchMode.node_roles), by
+    the mode's name and its runtime's setting."""
+    return sorted(modes.get(mode).node_roles({"torchrun_runtime": torchrun_runtime}))
+
+
+def scheduler_runs(asked):
+    """The runs whose units a scheduler runs (their mode has one), each with the node that
+    holds it, from every node's run_state stop (``asked``: host -> its result): their jobs
+    are the scheduler's to cancel too."""
+    found = {}
+    for host, result in sorted(asked.items()):
+        for run in (result or {}).get("stopped_runs") or []:
+            mode = run.get("mode")
+            if mode in modes.names() and modes.get(mode).scheduler is not None:
+                found.setdefault(run["run_id"], {"run_id": run["run_id"], "mode": mode, "host": host})
+    return [found[k] for k in sorted(found)]
 
 
 def redact_url(text):
@@ -97,6 +123,17 @@ def run_file(word):
     if not isinstance(name, str):
         raise AnsibleFilterError(f"run_file: {word!r} names no file of a run (the collection's module_utils.run_vocab)")
     return name
+
+
+def run_word(word):
+    """A word of a run's vocabulary (module_utils/run_vocab) by its class and member, such as
+    ``RunState.RUNNING``: tasks compare a run's states and outcomes with these, never with
+    words of their own."""
+    kind, _, member = str(word).partition(".")
+    words = getattr(run_vocab, kind, None)
+    if not (isinstance(words, type) and issubclass(words, run_vocab._Word) and member in words.__members__):
+        raise AnsibleFilterError(f"run_word: {word!r} names no word of a run (the collection's module_utils.run_vocab)")
+    return words[member].value
 
 
 def files_to_copy(names, src_files, dest_files, mode, owner=None, group=None):
@@ -213,10 +250,14 @@ class FilterModule:
             "node_checks": node_checks,
             "runtime_ready": runtime_ready,
             "running_runs": running_runs,
+            "start_gate": start_gate,
+            "scheduler_runs": scheduler_runs,
+            "mode_roles": _wrap(mode_roles),
             "follow_order": attempts.follow_order,
             "collect_plans": outputs.collect_plans,
             "files_to_copy": files_to_copy,
             "run_file": run_file,
+            "run_word": run_word,
             "plan_lines": plan_lines,
             "pinning_checks": pinning_checks,
             "same_machine_checks": hosts.same_identity_checks,

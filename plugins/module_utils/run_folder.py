@@ -86,7 +86,7 @@ def read_run(run_dir, tail_lines=0, with_spec=False, with_record=False):
         # A guard of this node rewrites job.json while one lives: with every one gone, this
         # "running" will never be followed by the run's end, and the units' records speak.
         job = None
-    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "job_state": job,
+    info = {"run_id": os.path.basename(run_dir), "job": config.get("job"), "mode": config.get("mode"), "job_state": job,
             # The store's host rewrites job.json every poll; an old one means that guard is gone.
             "job_age_s": round(time.time() - os.path.getmtime(job_path), 1) if os.path.exists(job_path) else None,
             "units": [units[i] for i in sorted(units)], "stop_requested": os.path.exists(os.path.join(run_dir, vocab.STOP)),
@@ -129,6 +129,9 @@ RUN_STATE_ARGS = {
     "run_id": {"type": "str"},
     "state": {"type": "str", "choices": ["info", "stopped", "present"], "default": "info"},
     "files": {"type": "dict", "default": {}},
+    # Files only the run's owner reads (0400), such as the ranks' secret environment: never
+    # in a result, a log or a command line.
+    "secret_files": {"type": "dict", "default": {}, "no_log": True},
     "workload": {"type": "dict"},
     "dirs": {"type": "list", "elements": "path", "default": []},
     "owner": {"type": "int"},
@@ -181,18 +184,25 @@ def prune(runs_dir, runs, keep):
     return [r["run_id"] for r in doomed]
 
 
-def write_whole(path, data, mode=None):
+def write_whole(path, data, mode=None, owner=None, group=None):
     """Guards, other controllers' status and peers read a run's files while they are
-    written: a file appears whole, by a rename, or not at all."""
-    with open(path + ".tmp", "wb") as fh:
+    written: a file appears whole, by a rename, or not at all. Its mode and owner are set
+    before it has any content, so that a secret is never readable by others."""
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode & 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        if owner is not None or group is not None:
+            os.fchown(fh.fileno(), -1 if owner is None else owner, -1 if group is None else group)
+        if mode is not None:
+            os.fchmod(fh.fileno(), mode & 0o600)
         fh.write(data.encode() if isinstance(data, str) else data)
     if mode is not None:
         os.chmod(path + ".tmp", mode)
     os.replace(path + ".tmp", path)
 
 
-def write_files(run_dir, files):
-    """Write each file whole; return the names whose content changed."""
+def write_files(run_dir, files, mode=0o644, owner=None, group=None):
+    """Write each file whole, with ``mode`` (and ``owner`` and ``group``, where given) from the
+    start; return the names whose content changed."""
     changed = []
     for name, content in files.items():
         path = os.path.join(run_dir, name)
@@ -203,18 +213,20 @@ def write_files(run_dir, files):
                     continue
         except OSError:
             pass
-        write_whole(path, data, 0o644)
+        write_whole(path, data, mode, owner, group)
         changed.append(name)
     return changed
 
 
-def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=None, check=False, dirs=()):
+def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=None, check=False, dirs=(),
+            secret_files=None):
     """Make the run's folder: the workload first when one is given (its folder replaced
     whole), then the oldest finished runs beyond ``keep`` pruned, the folder created and
-    ``files`` written into it, each whole; and ``dirs``, folders the ranks keep across runs
-    (launch_checkpoint_dir), made where missing. Both get ``owner`` and ``group``. Returns
-    the result's fields."""
-    bad = [name for name in files if not name or os.path.basename(name) != name or name in (".", "..")]
+    ``files`` written into it, each whole, and ``secret_files`` readable by its owner only;
+    and ``dirs``, folders the ranks keep across runs (launch_checkpoint_dir), made where
+    missing. All get ``owner`` and ``group``. Returns the result's fields."""
+    secret_files = secret_files or {}
+    bad = [name for name in [*files, *secret_files] if not name or os.path.basename(name) != name or name in (".", "..")]
     if bad:
         raise PrepareError(f"files: {', '.join(map(repr, bad))} must be plain file names")
     runs_dir = os.path.join(node_dir, "runs")
@@ -239,5 +251,6 @@ def prepare(node_dir, run_id, files, keep=10, owner=None, group=None, workload=N
                 os.chown(folder, -1 if owner is None else owner, -1 if group is None else group)
                 created = True
     written = write_files(run_dir, {k: str(v) for k, v in files.items()})
+    written += write_files(run_dir, {k: str(v) for k, v in secret_files.items()}, 0o400, owner, group)
     return {"changed": bool(created or written or removed or workload), "removed": removed, "written": written,
             "workload": (workload or {}).get("dest")}

@@ -46,7 +46,7 @@ options:
   takeover:
     description:
       - The task's node is followed because the master was lost or moved (C(launch_max_restarts)); the
-        launch role's wait.yml delegates to each node in node order. A C(job.json) that does not appear
+        launch role's follow.yml delegates to each node in node order. A C(job.json) that does not appear
         within I(start_timeout) gives the outcome C(absent) (the run went on elsewhere), not C(not_started).
     type: bool
     default: false

@@ -29,7 +29,7 @@ options:
     description:
       - The launch role's folder, read by the action. The host's variables are checked against
         its argument spec first, as Ansible's own check would; nothing runs on the node if they
-        fail. The playbooks that pass it (run.yml, down.yml) include the role with
+        fail. The playbooks that pass it (the run verbs, down.yml) include the role with
         C(rolespec_validate=false), since that check is a task per node.
     type: path
   node_dir:
@@ -46,6 +46,12 @@ options:
     default: info
   files:
     description: With I(state=present), file name to content; names have no folder part.
+    type: dict
+    default: {}
+  secret_files:
+    description:
+      - With I(state=present), file name to content of files that only I(owner) reads (mode 0400), such as the ranks' secret environment.
+      - Never shown in a result or a log.
     type: dict
     default: {}
   dirs:
@@ -174,6 +180,11 @@ stopped:
   returned: with state=stopped and no run_id
   type: list
   elements: str
+stopped_runs:
+  description: Without I(run_id), the runs asked to stop, each with its launch mode (C(run_id), C(mode)).
+  returned: with state=stopped and no run_id
+  type: list
+  elements: dict
 leftovers:
   description: With I(leftovers), the exited containers removed, as rank_containers gives them.
   returned: with state=present and leftovers, outside check mode
@@ -219,7 +230,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    invocation = {"module_args": {k: v for k, v in p.items() if k not in ("files", "workload")}}
+    invocation = {"module_args": {k: v for k, v in p.items() if k not in ("files", "workload", "secret_files")}}
     runs_dir = os.path.join(p["node_dir"], "runs")
     if p["state"] == "present":
         left = []
@@ -229,7 +240,7 @@ def main():
                 left = rank_docker.remove(module, "docker", left, p["leftovers"], 0, log_root=runs_dir)
         try:
             done = prepare(p["node_dir"], p["run_id"], p["files"], p["keep"], p["owner"], p["group"], p["workload"],
-                           check=module.check_mode, dirs=p["dirs"])
+                           check=module.check_mode, dirs=p["dirs"], secret_files=p["secret_files"])
         except PrepareError as exc:
             module.fail_json(msg=str(exc), invocation=invocation)
         if left:
@@ -244,7 +255,9 @@ def main():
         asked = [r["run_id"] for r in runs if r["state"] == vocab.RunState.RUNNING and not r["stop_requested"]]
         if not module.check_mode:
             asked = [run_id for run_id in asked if ask_stop(os.path.join(runs_dir, run_id), p["reason"])]
-        module.exit_json(changed=bool(asked), stopped=asked)
+        modes = {r["run_id"]: r.get("mode") for r in runs}
+        module.exit_json(changed=bool(asked), stopped=asked,
+                         stopped_runs=[{"run_id": run_id, "mode": modes[run_id]} for run_id in asked])
     module.exit_json(changed=False, runs=runs)
 
 

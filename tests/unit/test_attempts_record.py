@@ -2,7 +2,7 @@
 it: summary.json's attempts table and the step each attempt resumed from, read from the
 ranks' own logs; the failure message and result line; the status reader and the CLI's words;
 and the follow that moves to the next node in node order when the master is lost or moved
-(the launch role's wait.yml, run by ansible-playbook on local hosts)."""
+(the launch role's follow.yml, run by ansible-playbook on local hosts)."""
 
 import json
 import os
@@ -230,7 +230,7 @@ def test_the_run_table_says_in_which_attempt_the_run_succeeded_and_why_each_atte
     assert "attempt 2 on node-1, node-2, node-3 (world size 3, resumed from step 10): succeeded" in out
 
 
-# --- following a run whose master was lost or moved (wait.yml) -------------------------------------
+# --- following a run whose master was lost or moved (follow.yml) -------------------------------------
 
 
 def test_the_follow_order_is_node_order_without_the_master():
@@ -267,7 +267,7 @@ PLAY = """
 
 
 def follow(tmp_path, restarts, master_answers=True):
-    """wait.yml on three local hosts, each with a node folder of its own: the master's job.json
+    """follow.yml on three local hosts, each with a node folder of its own: the master's job.json
     says the run moved to node-3, node-2 never holds one, node-3's says the run succeeded."""
     for n in (1, 2, 3):
         (tmp_path / f"n{n}" / "runs" / "r1").mkdir(parents=True)

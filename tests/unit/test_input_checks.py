@@ -239,7 +239,7 @@ def test_the_hosts_of_an_input_error_come_in_the_nodes_order_not_the_events():
     ({"node-1": {"torchfleet_node_rank": 0}, "node-2": {}, "node-3": {}}, None),
 ])
 def test_the_inventory_check_names_the_master_that_a_status_or_a_stop_asks_first(tmp_path, host_vars, master):
-    """run.yml's status and stop ask the node that a launch makes the master first; the
+    """The status and stop playbooks ask the node that a launch makes the master first; the
     inventory's check adds it to the group they read, or none where the node ranks cannot
     say, and the master's play then has only the controller. Naming it changes nothing."""
     (tmp_path / "hosts.yml").write_text(json.dumps({"torchfleet_nodes": {"hosts": {

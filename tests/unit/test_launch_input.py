@@ -43,7 +43,7 @@ def test_a_missing_required_value_is_named():
 
 
 def test_run_state_fails_a_hosts_bad_variable_before_anything_runs_on_the_node():
-    # run.yml and down.yml: run_state's role option, in place of Ansible's task per node.
+    # The run verbs and down.yml: run_state's role option, in place of Ansible's task per node.
     action = SimpleNamespace(_templar=SimpleNamespace(template=lambda values: values))
     role = str(SPEC.parents[1])
     assert check_role_arguments(action, {**REQUIRED, "inventory_hostname": "node-1", "launch_keep_runs": "4"}, role) is None

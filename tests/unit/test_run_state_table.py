@@ -9,7 +9,8 @@ import json
 import pytest
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_folder
-from torchfleet import report, run_status, slurm
+from torchfleet import report, run_status
+from torchfleet.modes import slurm
 from torchfleet import run_vocab as vocab
 
 Kind, State = vocab.AbortKind, vocab.RunState

@@ -1,5 +1,5 @@
 """A status read from the master's record of the run, with every node's own records as the
-fallback, and a stop that the store's host sees at once (the launch role's control_master.yml)."""
+fallback, and a stop that the store's host sees at once (the launch role's status_master.yml and stop_master.yml)."""
 
 import json
 import os

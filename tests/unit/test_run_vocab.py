@@ -226,10 +226,10 @@ def test_a_setting_the_run_lacks_is_named_not_defaulted():
 
 
 def test_the_launch_role_reads_every_wait_of_a_run_from_its_spec():
-    """A stop (collect.yml, whose end takes its waits from the spec: report.run_end), attach (wait.yml) and a
+    """A run's end (end.yml, which takes its waits from the spec: report.run_end), a follow (follow.yml) and a
     replace read the run's own waits; none adds them up."""
     tasks = ROOT / "roles" / "launch" / "tasks"
-    for name in ("collect.yml", "wait.yml", "replace.yml"):
+    for name in ("end.yml", "follow.yml", "replace.yml"):
         text = (tasks / name).read_text()
         assert "launch_stop_grace" not in text and "launch_node_timeout" not in text, name
         assert "launch__spec.guard." in text, name

@@ -53,6 +53,8 @@ def collection_copy(tmp_path):
     """The collection, copied under a folder named as ansible-test requires."""
     dest = tmp_path / "ansible_collections" / "torchfleet" / "cluster"
     shutil.copytree(COLLECTION, dest, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    # The checkout's collection is links to the top level, where tests/sanity is the suite's.
+    shutil.copytree(ROOT / "tests" / "sanity", dest / "tests" / "sanity")
     return dest
 
 

@@ -13,7 +13,7 @@ from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_fil
 from torchfleet import inputs, modes, report, spec
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import rank_table
-from torchfleet.slurm import STEP_SHELL
+from torchfleet.modes.slurm import JOB_ID, SCRIPT, STEP_SHELL
 from torchfleet import run_vocab
 
 HOSTS = [("node-1.example", "10.0.0.11", 2), ("node-2.example", "10.0.0.12", 1)]
@@ -71,17 +71,17 @@ def test_the_spec_runs_one_guarded_process_per_rank_in_the_nodes_python():
 
 def test_the_masters_run_folder_gets_the_sbatch_script_of_the_whole_spec():
     built = build()
-    script = built.files["node-1.example"][run_vocab.SBATCH_SCRIPT]
-    assert run_vocab.SBATCH_SCRIPT not in built.files["node-2.example"]
+    script = built.files["node-1.example"][SCRIPT]
+    assert SCRIPT not in built.files["node-2.example"]
     # Every unit's guarded command, on its node by its Slurm name, in the given partition.
     assert step_commands(script) == [u.command for u in built.units]
     assert "#SBATCH --nodelist=n1,n2" in script and "#SBATCH --partition=cpu" in script
     assert "#SBATCH --output=/var/lib/torchfleet/runs/r1/sbatch.log" in script
     # The same run id gives the same script: the plan's is the one that runs.
-    assert build().files["node-1.example"][run_vocab.SBATCH_SCRIPT] == script
-    assert build("r2").files["node-1.example"][run_vocab.SBATCH_SCRIPT] != script
+    assert build().files["node-1.example"][SCRIPT] == script
+    assert build("r2").files["node-1.example"][SCRIPT] != script
     # The plan (the redacted spec) shows it as it runs.
-    assert spec.redacted(built)["files"]["node-1.example"][run_vocab.SBATCH_SCRIPT] == script
+    assert spec.redacted(built)["files"]["node-1.example"][SCRIPT] == script
 
 
 def test_a_partition_slurm_cannot_have_is_refused_naming_the_variable():
@@ -100,11 +100,11 @@ def test_every_node_starts_at_once_and_the_worker_after_the_master_listens():
 def test_the_run_brings_back_the_script_its_job_id_and_the_batch_log_and_the_summary_names_the_job(tmp_path):
     view = spec.redacted(build())
     master = report.run_files(view, "node-1.example")
-    for name in (run_vocab.SBATCH_SCRIPT, run_vocab.SLURM_JOB_ID, run_vocab.SBATCH_LOG, "rank-0.log", "rank-1.log"):
+    for name in (SCRIPT, JOB_ID, "sbatch.log", "rank-0.log", "rank-1.log"):
         assert (name, name) in master
-    assert (run_vocab.SBATCH_SCRIPT,) * 2 not in report.run_files(view, "node-2.example")
+    assert (SCRIPT,) * 2 not in report.run_files(view, "node-2.example")
     assert modes.get("slurm").summary(tmp_path) == {"slurm_job_id": None}
-    (tmp_path / run_vocab.SLURM_JOB_ID).write_text("42\n")
+    (tmp_path / JOB_ID).write_text("42\n")
     assert modes.get("slurm").summary(tmp_path) == {"slurm_job_id": "42"}
 
 
@@ -121,9 +121,21 @@ def test_a_step_leaves_the_files_a_bare_process_leaves_so_the_node_sees_it_as_on
     assert rank_files.find(None, str(tmp_path), job="other") == []
 
 
-def test_the_launch_role_has_a_start_for_every_kind_of_unit_a_mode_asks_for():
-    root = Path(__file__).resolve().parents[2] / "roles" / "launch" / "tasks"
+def test_the_start_knows_every_kind_of_unit_a_mode_asks_for():
+    from ansible_collections.torchfleet.cluster.plugins.action import start_units
+
     jobs = [{"torchrun_runtime": runtime} for runtime in ("container", "process")]
     kinds = {modes.get(name).unit_kind(job) for name in modes.names() for job in jobs}
     assert "scheduler" in kinds
-    assert [k for k in sorted(kinds) if not (root / f"start_units_{k}.yml").is_file()] == []
+    assert kinds <= set(start_units.KINDS)
+    # A mode's units are a scheduler's exactly when the mode has a scheduler.
+    assert {name for name in modes.names() if modes.get(name).unit_kind(jobs[0]) == "scheduler"} == \
+        {name for name in modes.names() if modes.get(name).scheduler is not None}
+
+
+def test_the_roles_launch_mode_choices_are_the_registered_modes():
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "roles" / "launch" / "meta" / "argument_specs.yml"
+    options = yaml.safe_load(root.read_text())["argument_specs"]["main"]["options"]
+    assert sorted(options["launch_mode"]["choices"]) == sorted(modes.names())

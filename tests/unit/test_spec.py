@@ -138,7 +138,7 @@ def test_two_phases_the_masters_units_first(mode, runtime):
     built = build(mode, runtime)
     assert built.phases == [0, 1]
     assert all(u.phase == 0 for u in built.units if u.role in ("rank", "torchrun") and u.host == MASTER)
-    # start.yml waits for listeners in phase 0 only (start_units_listen.yml).
+    # A detached start waits for listeners in phase 0 only (the start_units action).
     assert {u.phase for u in built.units if u.listen} == {0}
 
 
@@ -245,7 +245,7 @@ def test_pinning_reaches_each_rank(mode, runtime):
 @pytest.mark.parametrize("mode", ["container", "process"])
 def test_pinning_on_rank_units(mode):
     built = build(mode, pinning=True)
-    # A container unit's cpuset is docker's cpuset_cpus (start_units_container.yml); a process's, taskset's.
+    # A container unit's cpuset is docker's cpuset_cpus (the start_units action); a process's, taskset's.
     mems = ["0", "1", None, "0"] if mode == "container" else [None] * 4
     assert [(u.ranks, u.cpuset, u.cpuset_mems) for u in built.units] == [
         ([r], c, m) for r, c, m in zip(range(4), ["0-2", "4-7", "0-1", "1,3,5"], mems)]

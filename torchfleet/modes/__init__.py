@@ -20,6 +20,42 @@ if TYPE_CHECKING:
 
 # (variable, whether the node's settings use it, why the mode cannot apply it).
 Unsupported = tuple[str, Callable[[Mapping[str, Any]], bool], str]
+# A shell on the node that submits a scheduler's job: sh(script, *words) runs ``sh -c script sh
+# words...`` there and returns what ansible.builtin.command does (rc, stdout, stderr, msg).
+Shell = Callable[..., Mapping[str, Any]]
+
+
+class Scheduler:
+    """A batch scheduler's side of a run whose units it runs (a mode that has one starts the
+    unit kind ``scheduler``), as torchx's Scheduler is: whether it would take the job,
+    changing nothing (the launch's check); its submission, once every node's run folder is
+    made (the start); its state (a status); and its cancel (the run's end, a stop, a
+    replace, ``torchfleet down``). Each step runs on the node that submits, the run's
+    master, through ``sh``; the scheduler_job action drives them, and the launch role
+    reaches them only through that action, by the unit kind."""
+
+    def test(self, sh: Shell, spec: Mapping[str, Any], nodes: Mapping[str, Any]) -> str:
+        """What the scheduler says of the spec's job (``nodes``: launch_spec's), or the
+        InventoryError that names the variable to change."""
+        raise NotImplementedError
+
+    def submit(self, sh: Shell, spec: Mapping[str, Any], nodes: Mapping[str, Any], run_dir: str,
+               timeout: float) -> str:
+        """Submit the job from the master's run folder (``run_dir``) and return its id once
+        the master's first unit runs; a job that cannot start within ``timeout`` seconds is
+        cancelled, and an InventoryError says why."""
+        raise NotImplementedError
+
+    def describe(self, sh: Shell, run_dir: str) -> dict[str, Any] | None:
+        """The run's job as the scheduler lists it: ``job_id``, ``state`` (a run state, by
+        run_vocab.run_state) and ``text``; None where it has none, or no longer lists it."""
+        raise NotImplementedError
+
+    def cancel(self, sh: Shell, run_dir: str, timeout: float) -> dict[str, Any]:
+        """Cancel the run's job, if it has one, and wait until the scheduler lets go of it:
+        ``changed``, ``job_id`` and what it still ``listed`` after ``timeout``."""
+        raise NotImplementedError
+
 
 
 class LaunchMode:
@@ -27,6 +63,8 @@ class LaunchMode:
     hook has the plain answer of a mode that starts each rank itself."""
 
     name = ""
+    # The scheduler that runs the mode's units, for a mode whose units a scheduler runs.
+    scheduler: Scheduler | None = None
     # The mode's own node settings, each from its variable with its type (as inputs.SETTINGS).
     SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {}
     # What a mode cannot do on a node whose units run as processes, by option.
@@ -42,10 +80,15 @@ class LaunchMode:
         node's own Python, launch_python). This is the unit kind the launch role starts."""
         return "container"
 
+    def node_roles(self, job: Mapping[str, Any]) -> frozenset[str]:
+        """The roles that site.yml gives every node for this mode, beyond the engine, the
+        image and the dataset: ``python_env`` where the units run in the node's Python."""
+        return frozenset({"python_env"}) if self.runtime(job) == "process" else frozenset()
+
     def unit_kind(self, job: Mapping[str, Any]) -> str:
-        """What the launch role starts for ``job`` (start_units_<kind>.yml): its runtime's
-        units itself, or ``scheduler``, one submission that a scheduler runs as the units."""
-        return self.runtime(job)
+        """What the launch role starts for ``job`` (the start_units action): its runtime's
+        units itself, or ``scheduler``, one job that the mode's scheduler runs as the units."""
+        return "scheduler" if self.scheduler is not None else self.runtime(job)
 
     def spec_files(self, spec: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
         """Files made from the whole spec (``LaunchSpec.to_dict()``, every unit's guarded

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
 
 from torchfleet.modes import LaunchMode, register
 from torchfleet.modes.context import NodeContext

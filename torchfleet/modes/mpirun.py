@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from torchfleet import netif, report
+from torchfleet import netif, rank_logs
 from torchfleet.errors import InventoryError
 from torchfleet.modes import LaunchMode, Unsupported, refuse_restarts, register
 from torchfleet.modes.context import PIN, NodeContext, pin_env
@@ -31,6 +31,10 @@ class Mpirun(LaunchMode):
         "ssh_container_dir": ("launch_ssh_container_dir", str), "sshd_path": ("launch_sshd_path", str),
         "ssh_launcher": ("ssh_mesh_launcher", str),
     }
+
+    def node_roles(self, job: Mapping[str, Any]) -> frozenset[str]:
+        # The SSH mesh that mpirun starts its ranks over (roles/ssh_mesh).
+        return super().node_roles(job) | {"ssh_mesh"}
 
     def unsupported(self, job: Mapping[str, Any]) -> tuple[Unsupported, ...]:
         why = "one mpirun launcher starts every rank over SSH, so the guards cannot restart the ranks or a subset of them"
@@ -78,7 +82,7 @@ class Mpirun(LaunchMode):
             (run_dir / run_vocab.rank_log(rank)).write_text(text)
         launcher = next((f for f in finals if f.get("role") == "mpirun"), {})
         if reason and log:
-            reason = f"{reason}\n--- last lines of mpirun ---\n{report.tail(log)}"
+            reason = f"{reason}\n--- last lines of mpirun ---\n{rank_logs.tail(log)}"
         return rank_finals(launcher, log, world_size), reason
 
     def build(self, ctx: NodeContext) -> None:
@@ -198,7 +202,7 @@ def rank_finals(launcher: Mapping[str, Any], log: str, world_size: int) -> list[
         failed = {int(match["rank"]): int(match["code"])}
     elif match := SIGNAL_RE.search(log):
         failed = {int(match["rank"]): 128 + int(match["sig"])}
-    return report.launcher_finals(launcher, list(range(world_size)), failed, others_stopped=True)
+    return rank_logs.launcher_finals(launcher, list(range(world_size)), failed, others_stopped=True)
 
 
 register(Mpirun())

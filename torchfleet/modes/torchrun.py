@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from torchfleet import report
+from torchfleet import rank_logs
 from torchfleet.modes import LaunchMode, register
 from torchfleet.modes.context import PIN, NodeContext, pin_env, restarts
 from torchfleet import run_vocab
@@ -122,7 +122,7 @@ def node_finals(node: Mapping[str, Any], log: str, ranks: list[int]) -> list[dic
         for match in FAIL_RE.finditer(log):
             code = int(match["code"])
             failed.setdefault(int(match["local"]), 128 - code if code < 0 else code)
-    return report.launcher_finals(node, ranks, failed, others_stopped=bool(node))
+    return rank_logs.launcher_finals(node, ranks, failed, others_stopped=bool(node))
 
 
 register(Torchrun())
