@@ -255,8 +255,8 @@ PLAY = """
         guard: {max_restarts: RESTARTS, node_timeout: 1, rejoin_timeout: 0.5, stop_wait: 1, start_timeout: 5}
   tasks:
     - name: Follow the run as a launch does
-      ansible.builtin.include_role: {name: launch, tasks_from: wait, rolespec_validate: false}
-    - name: Keep what stop.yml and collect.yml read
+      ansible.builtin.include_role: {name: launch, tasks_from: follow, rolespec_validate: false}
+    - name: Keep what the run's end reads
       ansible.builtin.copy:
         content: "{{ hostvars['node-1'].launch__wait | to_json }}"
         dest: FOLLOWED
