@@ -1,6 +1,6 @@
 """launch_mode slurm (torchfleet.modes.slurm): its input, its spec with the sbatch script in
 the master's files, its start in one phase, its files collected and its summary. The script
-itself is torchfleet.slurm's (test_slurm.py); Slurm runs it in the slurm molecule scenario."""
+itself is test_slurm_script.py's; Slurm runs it in the slurm molecule scenario."""
 
 import shlex
 import subprocess

@@ -5,11 +5,13 @@ the report for its ranks' finals. The launch role only sees what a mode built (i
 kind, container or process, and the spec's data), never a mode's name.
 
 A new mode is a new module here that subclasses LaunchMode, calls :func:`register`, and is
-imported at the end of this file (docs/adding-a-launch-mode.md).
+imported at the end of this file; or a module of another installed package that does the
+same and is named in the entry point group ``torchfleet.modes`` (docs/adding-a-launch-mode.md).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -168,6 +170,10 @@ def refuse_restarts(job: Mapping[str, Any], why: str) -> Unsupported:
 
 
 _MODES: dict[str, LaunchMode] = {}
+# Modes that other installed packages add, by the entry point group that names them (as torchx
+# finds its schedulers): loaded the first time a mode is not among torchfleet's own.
+ENTRY_POINTS = "torchfleet.modes"
+_plugins_loaded = False
 
 
 def register(mode: LaunchMode) -> LaunchMode:
@@ -175,14 +181,25 @@ def register(mode: LaunchMode) -> LaunchMode:
     return mode
 
 
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+            entry.load()  # the module registers its mode
+
+
 def get(name: Any) -> LaunchMode:
     """The mode called ``name``, or InventoryError naming launch_mode."""
+    if name not in _MODES:
+        _load_plugins()
     if name not in _MODES:
         raise InventoryError(f"launch_mode={name!r} is not one of {', '.join(_MODES)}", None, "launch_mode")
     return _MODES[name]
 
 
 def names() -> tuple[str, ...]:
+    _load_plugins()
     return tuple(_MODES)
 
 
