@@ -117,7 +117,8 @@ def guard_key(role: str | None, name: str | None, ranks: list[int] | int | None)
 
 def guard_records(run_dir: str | Path) -> tuple[dict[tuple, dict[str, Any]], dict[str, Any] | None]:
     """What each unit's guard recorded (guard-N.json), by guard_key, and why the run was
-    aborted: the master's job.json, else the first guard that says."""
+    aborted: the master's job.json, else (unless that says the run succeeded) the first guard
+    that says."""
     run_dir = Path(run_dir)
     guards = {}
     for path in sorted(run_dir.glob(vocab.GUARD_RECORDS)):
@@ -126,8 +127,12 @@ def guard_records(run_dir: str | Path) -> tuple[dict[tuple, dict[str, Any]], dic
         except ValueError:
             continue
         guards[guard_key(state.get("role"), state["name"], state.get("ranks"))] = state
-    abort = (job_record(run_dir) or {}).get("abort")
-    abort = abort or next((g["abort"] for g in guards.values() if g.get("abort")), None)
+    job = job_record(run_dir) or {}
+    abort = job.get("abort")
+    # Where the master's record says the run succeeded, a unit's own abort is an earlier
+    # attempt's: a node left out of the last attempt keeps the one that lost it.
+    if job.get("state") != vocab.RunState.SUCCEEDED:
+        abort = abort or next((g["abort"] for g in guards.values() if g.get("abort")), None)
     return guards, abort
 
 

@@ -49,3 +49,22 @@ def test_a_unit_whose_container_is_gone_is_reported_from_its_guard(tmp_path):
     assert summary["ranks"][0]["outcome"] == "stopped" and summary["ranks"][0]["duration_s"] == 60.0
     assert not summary["ok"] and summary["abort"]["kind"] == "stopped"
     assert report.failure_message(summary).startswith("run old was stopped by its guards: replaced by run new")
+
+
+def test_a_worker_left_out_of_a_run_that_succeeded_does_not_fail_it(tmp_path):
+    """With restarts, a worker lost in attempt 3 and back before the end waits, left out, while
+    attempt 4 succeeds without it; its guard keeps attempt 3's abort (found by bench/soak.py:
+    the launch said exit 5, its last attempt and the master's record said succeeded)."""
+    lost = {"kind": "node_lost", "host": "node-3", "hosts": ["node-3"], "unit": "c-rank2",
+            "reason": "lost node-3: no heartbeat for 10s (launch_node_timeout); rank 2 on node-3 stopped answering"}
+    for unit in (0, 1):
+        write(tmp_path, f"guard-{unit}.json", {"unit": unit, "name": f"c-rank{unit}", "role": "rank",
+                                               "ranks": [unit], "state": "exited", "exit_code": 0, "abort": None})
+    write(tmp_path, "guard-2.json", {"unit": 2, "name": "c-rank2", "role": "rank", "ranks": [2], "state": "left_out",
+                                     "exit_code": 143, "abort": lost})
+    write(tmp_path, "job.json", {"state": "succeeded", "abort": None})
+    guards, abort = report.guard_records(tmp_path)
+    assert abort is None and guards[("c-rank2", 2)]["abort"] == lost
+    # Without the master's record, the guards' own still say how the run ended.
+    (tmp_path / "job.json").unlink()
+    assert report.guard_records(tmp_path)[1] == lost
