@@ -10,6 +10,7 @@ in place and words what the limit left.
 
 from __future__ import annotations
 
+import filecmp
 import os
 import posixpath
 import shutil
@@ -77,8 +78,10 @@ def unpack(archive: str | Path, run_dir: str | Path, wanted: Mapping[str, str],
     destination and renamed over it; the out folder is unpacked into a temporary folder
     renamed over ``out_dir`` (runs/RUN/out/HOST) at the end, where the archive holds any of
     it. A reader never sees half a file or half a folder. Only regular files with plain
-    relative paths are taken (the archive comes from a node). Returns the names placed in
-    ``run_dir``, and the out folder's paths (None where the archive has none)."""
+    relative paths are taken (the archive comes from a node). What is already there as it
+    came is left as it is, so that a collect that brings nothing new changes nothing.
+    Returns the names placed anew in ``run_dir``, and the out folder's paths where it was
+    placed anew ([] where it came as it was, None where the archive has none)."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     part: Path | None = None
     placed, out = [], []
@@ -90,9 +93,8 @@ def unpack(archive: str | Path, run_dir: str | Path, wanted: Mapping[str, str],
                     continue
                 top, rest = name.parts[0], name.parts[1:]
                 if top == "run" and len(rest) == 1 and rest[0] in wanted:
-                    dest = run_dir / wanted[rest[0]]
-                    _write_whole(tar, member, dest)
-                    placed.append(wanted[rest[0]])
+                    if _write_whole(tar, member, run_dir / wanted[rest[0]]):
+                        placed.append(wanted[rest[0]])
                 elif top == "out":
                     if part is None:
                         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +106,9 @@ def unpack(archive: str | Path, run_dir: str | Path, wanted: Mapping[str, str],
                     os.utime(dest, (member.mtime, member.mtime))
                     out.append(str(PurePosixPath(*rest)))
         if part is not None:
+            if _same_tree(part, out_dir):
+                shutil.rmtree(part)
+                return sorted(placed), []
             part.chmod(0o755)
             _replace_dir(part, out_dir)
     except BaseException:
@@ -113,17 +118,31 @@ def unpack(archive: str | Path, run_dir: str | Path, wanted: Mapping[str, str],
     return sorted(placed), (sorted(out) if part is not None else None)
 
 
-def _write_whole(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
+def _write_whole(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> bool:
+    """The member in place of ``dest``, unless ``dest`` holds it already; whether it was placed."""
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.part-", dir=dest.parent)
     try:
         with tar.extractfile(member) as src, os.fdopen(fd, "wb") as fh:
             shutil.copyfileobj(src, fh, 1 << 20)
+        if dest.is_file() and filecmp.cmp(tmp, dest, shallow=False):
+            os.unlink(tmp)
+            return False
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
+        return True
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _same_tree(new: Path, old: Path) -> bool:
+    """Whether two folders hold the same files with the same bytes."""
+    if not old.is_dir():
+        return False
+    files = lambda root: sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())  # noqa: E731
+    names = files(new)
+    return names == files(old) and all(filecmp.cmp(new / n, old / n, shallow=False) for n in names)
 
 
 def _replace_dir(new: Path, dest: Path) -> None:

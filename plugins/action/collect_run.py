@@ -72,7 +72,7 @@ class ActionModule(ActionBase):
         if found.get("failed"):
             return dict(result, failed=True, msg=f"could not end or read {node_run_dir}: {found.get('msg')}",
                         containers=found.get("containers") or [])
-        fetched = []
+        fetched, placed_out = [], None
         if found["archive_b64"] or found["archive"]:
             fd, local = tempfile.mkstemp(prefix=f".{host}.", suffix=".tar.gz", dir=os.path.dirname(out_dir))
             try:
@@ -85,11 +85,12 @@ class ActionModule(ActionBase):
                         self._connection.fetch_file(found["archive"], local)
                     finally:
                         self._low_level_execute_command(f"rm -f {shlex.quote(found['archive'])}")
-                fetched, _out = outputs.unpack(local, args["run_dir"], wanted, out_dir)
+                fetched, placed_out = outputs.unpack(local, args["run_dir"], wanted, out_dir)
             finally:
                 os.unlink(local)
         out = outputs.record(host, plan, node_run_dir, out_dir, found, args["out_max_mb"])
         if out["message"]:
             display.warning(out["message"])
-        return dict(result, changed=bool(found["changed"] or fetched or found["taken"][0]), fetched=fetched, out=out,
+        # Changed where the node changed (its units ended), or something new came back.
+        return dict(result, changed=bool(found["changed"] or fetched or placed_out), fetched=fetched, out=out,
                     containers=found["containers"])

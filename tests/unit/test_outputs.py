@@ -187,3 +187,23 @@ def test_the_limit_is_checked_with_the_launchs_other_numbers(value, ok):
     bad = inputs.out_of_range([{"name": name, "value": value, "min": low, "max": high, "why": why}])
     assert bad == ([] if ok else [{"variable": name, "message": f"{name}={value} must be between 0 and 1048576 "
                                                                 "(0: bring no out folder back)"}])
+
+
+def test_a_collect_that_brings_nothing_new_places_nothing(tmp_path):
+    """A repeated collect of a run that ended: the same files again change nothing on the
+    controller (collect_run then reports no change); one changed file is placed anew."""
+    node, run = tmp_path / "node", tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    out = run / "out" / "node-1"
+    write(node, ["metrics.json", "rank-0.log"])
+    members = [("rank-0.log", "run/rank-0.log")] + _out(["metrics.json"])
+    out_folder.archive(str(node), members, str(tmp_path / "a.tar.gz"))
+    wanted = {"rank-0.log": "rank-0.log"}
+    assert outputs.unpack(tmp_path / "a.tar.gz", run, wanted, out) == (["rank-0.log"], ["metrics.json"])
+    before = {p: p.stat().st_ino for p in (run / "rank-0.log", out / "metrics.json")}
+    assert outputs.unpack(tmp_path / "a.tar.gz", run, wanted, out) == ([], [])
+    assert {p: p.stat().st_ino for p in before} == before  # not even rewritten
+    (node / "metrics.json").write_text("a new line\n")
+    out_folder.archive(str(node), members, str(tmp_path / "b.tar.gz"))
+    assert outputs.unpack(tmp_path / "b.tar.gz", run, wanted, out) == ([], ["metrics.json"])
+    assert (out / "metrics.json").read_text() == "a new line\n"
