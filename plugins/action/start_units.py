@@ -1,9 +1,9 @@
-"""A node's start, in one task: its run's folder (the spec, the guard, a changed workload, and
-the ranks' secret environment where they read it from a file) and its units, by the kind of
-unit the spec starts there. Containers are started by community.docker.docker_container, one
-call each, once the folder is made; bare processes by rank_processes, whose one call makes
-the folder too; a scheduler's job gets only the folder here, and the master submits it after
-(scheduler_job). Where the launch is detached and a unit of this node is one that others
+"""A node's start, in one task and one module run: its run's folder (the spec, the guard, a
+changed workload, and the ranks' secret environment where they read it from a file) and its
+units, by the kind of unit the spec starts there. Containers start in run_state's call that
+makes the folder (through community.docker's Docker API client, module_utils/rank_start.py);
+bare processes in rank_processes', which makes the folder too; a scheduler's job gets only
+the folder here, and the master submits it after (scheduler_job). Where the launch is detached and a unit of this node is one that others
 start after (the master's rendezvous, mpirun's sshd), the task then waits until it listens
 (wait_ranks), since a detached launch says the run started only then.
 
@@ -54,23 +54,14 @@ class ActionModule(ActionBase):
             folder = dict(run, state="present", secret_files=secret_file)
             if args["kind"] == "container":
                 # Exited leftovers of this job only: a running one was refused, or replaced.
-                # Each one's log is kept in its own run's folder.
-                folder["leftovers"] = {"torchfleet.job": args["job"]}
+                # Each one's log is kept in its own run's folder. The units start in the same
+                # call, once the folder is there.
+                folder.update(leftovers={"torchfleet.job": args["job"]}, image=args["image"],
+                              containers=[self._container(u, args) for u in args["units"]])
             done = self._action("torchfleet.cluster.run_state", folder)
         if done.get("failed"):
             return dict(result, **self._quiet(done))
-        changed = bool(done.get("changed"))
-        started = []
-        if args["kind"] == "container":
-            for unit in args["units"]:
-                made = self._execute_module(module_name="community.docker.docker_container",
-                                            module_args=self._container(unit, args), task_vars=task_vars)
-                if made.get("failed"):
-                    return dict(result, failed=True, changed=True, started=started,
-                                msg=f"{unit['name']}: {made.get('msg')}")
-                started.append(unit["name"])
-                changed = changed or bool(made.get("changed"))
-        result.update(changed=changed, started=started or [u["name"] for u in args["units"]],
+        result.update(changed=bool(done.get("changed")), started=done.get("started") or [u["name"] for u in args["units"]],
                       workload=done.get("workload"), removed=done.get("removed", []))
         listener = next((u for u in args["units"] if u.get("listen")), None)
         if args["listen_timeout"] is not None and listener is not None and args["kind"] != "scheduler":
@@ -93,21 +84,12 @@ class ActionModule(ActionBase):
 
     @staticmethod
     def _container(unit, args):
-        """docker_container's arguments for a unit (its env values strings, as the module wants)."""
+        """A container unit as run_state starts it: its env with the secret values in, and a
+        label (torchfleet.secret_env) that says what a report may show of them."""
         secret = {k: str(v) for k, v in args["secret_env"].items() if k in unit["secret_env"]}
-        env = {k: str(v) for k, v in unit["env"].items()}
         shown = {k: str(unit["env"][k]) for k in unit["secret_env"] if k in unit["env"]}
-        labels = dict(unit["labels"], **{"torchfleet.secret_env": json.dumps(shown)})
-        made = {"name": unit["name"], "image": args["image"], "command": unit["command"], "command_handling": "correct",
-                "working_dir": unit["workdir"], "network_mode": "host", "init": True, "env": dict(env, **secret),
-                "labels": labels, "mounts": unit["mounts"], "devices": unit["devices"],
-                "oom_killer": unit["oom_kill_disable"], "restart_policy": "no", "detach": True, "state": "started",
-                "container_default_behavior": "no_defaults"}
-        for key, value in (("user", unit.get("user")), ("cpuset_cpus", unit.get("cpuset")),
-                           ("cpuset_mems", unit.get("cpuset_mems"))):
-            if value:
-                made[key] = value
-        return made
+        return dict(unit, env=dict({k: str(v) for k, v in unit["env"].items()}, **secret),
+                    labels=dict(unit["labels"], **{"torchfleet.secret_env": json.dumps(shown)}))
 
     def _wait_listen(self, unit, args, run):
         """wait_ranks' wait for this node's unit that others start after."""

@@ -144,6 +144,10 @@ RUN_STATE_ARGS = {
     "wait": {"type": "float", "default": 0},
     "poll": {"type": "float", "default": 0.5},
     "leftovers": {"type": "dict"},
+    # The run's containers, started in the same call once the folder is made (rank_start):
+    # their env holds the ranks' secrets.
+    "containers": {"type": "list", "elements": "dict", "default": [], "no_log": True},
+    "image": {"type": "str"},
 }
 
 

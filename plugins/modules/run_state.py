@@ -16,7 +16,9 @@ description:
     oldest finished run folders beyond I(keep), then
     creates the run's folder and writes I(files) into it, each whole (a temporary file, then
     a rename); one call where a start would otherwise spend a task per file. With
-    I(workload), the job's workload folder is first replaced whole from its tar.
+    I(workload), the job's workload folder is first replaced whole from its tar. With
+    I(containers), it then creates and starts those containers from I(image), through
+    community.docker's Docker API client: a start of container units is this one call.
   - The run_state action sends the workload's tar with the call, or ahead of it when it is
     large; I(files) and I(workload) are left out of the result's C(invocation), which would
     otherwise bring every node's copy of the spec and the guard back to the controller.
@@ -48,6 +50,18 @@ options:
     description: With I(state=present), file name to content; names have no folder part.
     type: dict
     default: {}
+  containers:
+    description:
+      - With I(state=present), the run's containers to create and start once the folder is made, each as the launch
+        spec holds a unit (C(name), C(command), C(workdir), C(user), C(env), C(labels), C(mounts), C(devices),
+        C(cpuset), C(cpuset_mems), C(oom_kill_disable)); one that exists already is left as it is.
+      - Their env holds the ranks' secrets, so they are never shown.
+    type: list
+    elements: dict
+    default: []
+  image:
+    description: With I(containers), the training image they run.
+    type: str
   secret_files:
     description:
       - With I(state=present), file name to content of files that only I(owner) reads (mode 0400), such as the ranks' secret environment.
@@ -162,6 +176,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+started:
+  description: With I(containers), the containers it created and started.
+  returned: with state=present and containers, outside check mode
+  type: list
+  elements: str
 found:
   description: With I(run_id), whether the node has that run.
   returned: with run_id, unless state=present
@@ -211,7 +230,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker
+from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker, rank_start
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
     RUN_STATE_ARGS,
@@ -230,7 +249,8 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    invocation = {"module_args": {k: v for k, v in p.items() if k not in ("files", "workload", "secret_files")}}
+    invocation = {"module_args": {k: v for k, v in p.items()
+                                  if k not in ("files", "workload", "secret_files", "containers")}}
     runs_dir = os.path.join(p["node_dir"], "runs")
     if p["state"] == "present":
         left = []
@@ -245,6 +265,12 @@ def main():
             module.fail_json(msg=str(exc), invocation=invocation)
         if left:
             done.update(changed=True, leftovers=left)
+        if p["containers"] and not module.check_mode:
+            try:
+                done["started"] = rank_start.start(p["containers"], p["image"])
+            except RuntimeError as exc:
+                module.fail_json(msg=str(exc), invocation=invocation)
+            done["changed"] = done["changed"] or bool(done["started"])
         module.exit_json(**done, invocation=invocation)
     if p["run_id"]:
         module.exit_json(**one_run(os.path.join(runs_dir, p["run_id"]), p["state"], p["reason"], p["tail_lines"],

@@ -10,10 +10,11 @@ description:
   - Makes the run's folder on the node (M(torchfleet.cluster.run_state) with I(state=present)), with the ranks'
     secret environment in it where they read it from a file (mode 0400), then starts the node's units by the kind
     the launch spec gives them there.
-  - I(kind=container), one M(community.docker.docker_container) call per unit, after removing the exited
-    containers that earlier runs of the job left; I(kind=process), one M(torchfleet.cluster.rank_processes) call,
-    which makes the folder too; I(kind=scheduler), the folder only (the master then submits the job with
-    M(torchfleet.cluster.scheduler_job)).
+  - I(kind=container), in the same M(torchfleet.cluster.run_state) call that makes the folder, after removing the
+    exited containers that earlier runs of the job left, each unit's container created and started through
+    community.docker's Docker API client; I(kind=process), one M(torchfleet.cluster.rank_processes) call, which
+    makes the folder too; I(kind=scheduler), the folder only (the master then submits the job with
+    M(torchfleet.cluster.scheduler_job)). Either way, one module run on the node.
   - With I(listen_timeout) (a detached launch), a node whose unit others start after (the master's rendezvous,
     mpirun's sshd) then waits until it listens, as M(torchfleet.cluster.wait_ranks) does.
 author: torchfleet developers (!UNKNOWN)
