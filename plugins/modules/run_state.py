@@ -18,7 +18,7 @@ description:
     a rename); one call where a start would otherwise spend a task per file. With
     I(workload), the job's workload folder is first replaced whole from its tar. With
     I(containers), it then creates and starts those containers from I(image), through
-    community.docker's Docker API client: a start of container units is this one call.
+    community.docker's Docker API client, so that a start of container units is this one call.
   - The run_state action sends the workload's tar with the call, or ahead of it when it is
     large; I(files) and I(workload) are left out of the result's C(invocation), which would
     otherwise bring every node's copy of the spec and the guard back to the controller.
