@@ -25,10 +25,10 @@ ARGS = {
     "poll_interval": {"type": "float", "default": 2.0},
     "progress_interval": {"type": "float", "default": 10.0},
     "timeout": {"type": "int", "default": 0},
-    "listen_host": {"type": "str"},
-    "listen_port": {"type": "int"},
-    "node_dir": {"type": "path"},
-    "run_id": {"type": "str"},
+    "listen_host": {"type": "str", "required": True},
+    "listen_port": {"type": "int", "required": True},
+    "node_dir": {"type": "path", "required": True},
+    "run_id": {"type": "str", "required": True},
 }
 
 
@@ -45,7 +45,7 @@ class ActionModule(ActionBase):
         progress_every = args["progress_interval"]
         timeout = args["timeout"]
         expected = args["expected"]
-        listen = (args["listen_host"], args["listen_port"]) if args["listen_port"] else None
+        listen = (args["listen_host"], args["listen_port"])
         started = time.monotonic()
         last_progress = started
 
@@ -67,14 +67,10 @@ class ActionModule(ActionBase):
             elif len(containers) < expected:
                 reason = f"{expected - len(containers)} rank container(s) vanished"
             elif timeout and time.monotonic() - started > timeout:
-                reason = (
-                    f"{listen[0]}:{listen[1]} did not listen within {timeout}s (launch_master_wait_timeout)"
-                    if listen
-                    else f"no result after {timeout}s (launch_timeout)"
-                )
+                reason = f"{listen[0]}:{listen[1]} did not listen within {timeout}s (launch_master_wait_timeout)"
             if reason:
                 outcome = vocab.StartOutcome.FAILED.value
-                stopped = failed and args["run_id"] and self._abort(args, task_vars)
+                stopped = failed and self._abort(args, task_vars)
                 if stopped:
                     # Its guard stopped it: the run's abort names the cause, elsewhere.
                     outcome, reason = vocab.StartOutcome.PEER_FAILED.value, stopped["reason"]
@@ -83,10 +79,10 @@ class ActionModule(ActionBase):
                 outcome = vocab.StartOutcome.SUCCEEDED.value
                 break
             left = timeout - (time.monotonic() - started) if timeout else None
-            if listen and self._listening(listen, task_vars, left):
+            if self._listening(listen, task_vars, left):
                 outcome = vocab.StartOutcome.LISTENING.value
                 break
-            if listen and args["run_id"] and self._guards_done(args, expected, task_vars):
+            if self._guards_done(args, expected, task_vars):
                 outcome = vocab.StartOutcome.SUCCEEDED.value
                 break
             if time.monotonic() - last_progress >= progress_every:

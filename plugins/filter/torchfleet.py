@@ -30,14 +30,12 @@ def cluster_address(host_vars, host):
 
 def pinning_checks(values, host):
     """check_input's checks of the cpu_pinning role's input (``values``: its variables), by
-    the rules the launch applies too (torchfleet.cpus.settings)."""
+    the rules the launch applies too (torchfleet.cpus.settings): none where they hold."""
     try:
         cpus.settings(values, host)
     except InventoryError as exc:
         return [{"that": False, "msg": str(exc).removeprefix(f"host {host}: "), "variable": exc.variable}]
-    ranks_ = values.get("cpu_pinning_ranks")
-    return [{"that": int(ranks_) >= 1, "variable": "cpu_pinning_ranks",
-             "msg": f"cpu_pinning_ranks={ranks_} must be 1 or more"}]
+    return []
 
 
 def kubelet_config_dir(cmdline):

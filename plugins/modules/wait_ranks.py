@@ -40,20 +40,24 @@ options:
     type: int
     default: 0
   listen_host:
-    description: With I(listen_port), return as soon as this address accepts connections.
+    description: Return as soon as this address accepts connections on I(listen_port).
     type: str
+    required: true
   listen_port:
     description: The port to watch for, such as MASTER_PORT on the master.
     type: int
+    required: true
   node_dir:
     description:
-      - With I(run_id), where the units' guards record their state; a unit whose guard says
-        it exited 0 counts as done, though its guard (the store's host) stays up, and one its
-        guard stopped names the run's abort.
+      - Where the units' guards record their state; a unit whose guard says it exited 0 counts
+        as done, though its guard (the store's host) stays up, and one its guard stopped names
+        the run's abort.
     type: path
+    required: true
   run_id:
-    description: The run, with I(node_dir).
+    description: The run, in I(node_dir).
     type: str
+    required: true
 """
 
 EXAMPLES = r"""
@@ -63,6 +67,8 @@ EXAMPLES = r"""
     expected: 2
     listen_host: 10.0.0.11
     listen_port: 29500
+    node_dir: /var/lib/torchfleet
+    run_id: mnist-20260101-120000
     timeout: 120
 """
 
