@@ -29,10 +29,10 @@ MB = 1 << 20
 MAX_MB = 1 << 20
 # The run folder's files that torchfleet writes whatever the mode: the spec, the guard and
 # the run's end with the modules they import (and Python's cache of them, a folder), its config and locks, the
-# mpirun environment files (one of them secret), the stop request, the run's state (on
+# mpirun environment files (one of them secret), the store's key, the stop request, the run's state (on
 # the master) and the run's own checkpoint folder (large, and for the nodes).
 OWN = (vocab.SPEC, *vocab.NODE_SOURCES, "__pycache__", vocab.GUARD_CONFIG, vocab.GUARD_LOCKS, "node.env",
-       vocab.SECRET_ENV, vocab.STOP, vocab.JOB, RUN_CHECKPOINTS)
+       vocab.SECRET_ENV, vocab.STORE_KEY, vocab.STOP, vocab.JOB, RUN_CHECKPOINTS)
 
 
 def own_files(spec: Mapping[str, Any], host: str) -> list[str]:

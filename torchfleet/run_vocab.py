@@ -31,6 +31,7 @@ class _Word(str, enum.Enum):
 
 SPEC = "spec.json"  # the run's spec, its settings included (spec.guard), as the launch computed it
 GUARD_CONFIG = "guard.json"  # the guards' config: the units, the store, the deadlines
+STORE_KEY = "store.key"  # the run's key, which every value in the guards' store carries a MAC under (0400)
 GUARD_SOURCE = "guard.py"  # the guard itself, which every unit runs under
 VOCAB_SOURCE = "run_vocab.py"  # this file, beside the guard that imports it
 # The guard and the module_utils it imports, copied together from the collection: the

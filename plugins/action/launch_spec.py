@@ -2,6 +2,7 @@
 
 import json
 import os
+import secrets
 
 from ansible.plugins.action import ActionBase
 
@@ -54,8 +55,14 @@ class ActionModule(ActionBase):
         for name in run_vocab.NODE_SOURCES:
             with open(os.path.join(module_utils, name)) as fh:
                 common[name] = fh.read()
+        # The run's own key, which its guards sign and check every value of their store with;
+        # each node's start writes it readable by the run's owner only (run_folder.prepare).
+        # It is in this result, so the result is shown to no one: the plan's lines are the
+        # plan's own tasks', and a failure above shows as before.
+        common[run_vocab.STORE_KEY] = secrets.token_hex(32)
         result.update(changed=False, spec=redacted, nodes=spec.redacted(nodes), common_files=common,
-                      unit_index=spec.unit_index(redacted["units"]), listen_hosts=spec.listen_hosts(redacted["units"]))
+                      unit_index=spec.unit_index(redacted["units"]), listen_hosts=spec.listen_hosts(redacted["units"]),
+                      _ansible_no_log=True)
         return result
 
 

@@ -57,6 +57,12 @@ options:
         it from a file of mode 0600, then deletes the file.
     type: dict
     default: {}
+  secret_files:
+    description:
+      - With I(run), file name to content of files of the run's folder that only its owner reads
+        (mode 0400), such as the run's store key; never shown in a result or a log.
+    type: dict
+    default: {}
   recurse:
     description: With I(state=absent), stop the processes of every run below I(run_dir).
     type: bool
@@ -180,6 +186,7 @@ def main():
             "ranks": {"type": "list", "elements": "dict", "default": []},
             "run": {"type": "dict"},
             "secret_env": {"type": "dict", "default": {}, "no_log": True},
+            "secret_files": {"type": "dict", "default": {}, "no_log": True},
             "recurse": {"type": "bool", "default": False},
             "job": {"type": "str"},
             "tail_lines": {"type": "int", "default": 15},
@@ -193,11 +200,12 @@ def main():
     if state == "started":
         run = module.params["run"]
         if run:
-            shown = {k: v for k, v in module.params.items() if k not in ("run", "secret_env")}
+            shown = {k: v for k, v in module.params.items() if k not in ("run", "secret_env", "secret_files")}
             invocation = {"module_args": dict(shown, run={k: v for k, v in run.items() if k not in ("files", "workload")})}
             try:
                 prepare(run["node_dir"], run["run_id"], run.get("files") or {}, int(run.get("keep", 10)),
-                        run.get("owner"), run.get("group"), run.get("workload"), dirs=run.get("dirs") or [])
+                        run.get("owner"), run.get("group"), run.get("workload"), dirs=run.get("dirs") or [],
+                        secret_files=module.params["secret_files"])
             except (PrepareError, KeyError, ValueError) as exc:
                 module.fail_json(msg=f"cannot make the run's folder: {exc}", invocation=invocation)
         os.makedirs(run_dir, exist_ok=True)

@@ -1,6 +1,6 @@
 """The action behind run_state and rank_processes: a start's module call that also brings
 the job's workload, when it changed, so that sending it costs no task of its own (every
-task costs the controller a process per node)."""
+task costs the controller a process per node), and the run's store key as a secret file."""
 
 import base64
 import copy
@@ -9,6 +9,7 @@ import os
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core
 
 # What the task gives: the tar on the controller, where it goes on the node.
@@ -43,6 +44,12 @@ class WorkloadSendingAction(ActionBase):
         for key in self.WORKLOAD_AT[:-1]:
             holder = holder.get(key) or {}
         workload = holder.pop(self.WORKLOAD_AT[-1], None) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and vocab.STORE_KEY in (holder.get("files") or {}):
+            # The run's store key (launch_spec makes it among the folder's files) goes as a secret
+            # file, in the module's no_log option: a module logs its other options on the node.
+            files = dict(holder["files"])
+            args["secret_files"] = dict(args.get("secret_files") or {}, **{vocab.STORE_KEY: files.pop(vocab.STORE_KEY)})
+            holder["files"] = files
         made_tmp = False
         try:
             if workload:

@@ -3,6 +3,7 @@ restarts, launch_min_nodes against the launch's nodes, and the checkpoint folder
 own that every node gets with restarts on and no launch_checkpoint_dir. The spec is built
 through the launch_spec action, as check.yml builds it."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from ansible.playbook.play_context import PlayContext
 from ansible.playbook.task import Task
 
 from ansible_collections.torchfleet.cluster.plugins.action import launch_spec
+from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.out_folder import listing
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils.core import check_role_types
 from harness import launch_values, role_guard
@@ -203,3 +205,17 @@ def test_the_start_makes_the_runs_checkpoint_folder_inside_the_run_folder(tmp_pa
     folder = result["nodes"]["node-1"]["settings"]["checkpoint_dir"]
     run_folder.prepare(str(tmp_path), RUN_ID, {"spec.json": "{}"}, dirs=[folder])
     assert (tmp_path / "runs" / RUN_ID / "checkpoints").is_dir()
+
+
+# --- the run's store key -------------------------------------------------------------------------
+
+def test_every_launch_makes_its_own_store_key_for_the_nodes_and_shows_its_result_to_no_one():
+    """The guards sign their store's values with it (guard_store): a key of its own per run, in
+    the files every node's folder gets, never in the spec; the action's result, which holds
+    it, is hidden from every display (-v, the runner's events), as no_log hides a task's."""
+    first, second = launch(), launch()
+    keys = [r["common_files"][run_vocab.STORE_KEY] for r in (first, second)]
+    assert all(len(k) == 64 and int(k, 16) >= 0 for k in keys) and keys[0] != keys[1]
+    assert first["_ansible_no_log"] is True
+    assert keys[0] not in json.dumps(first["spec"]) and keys[0] not in json.dumps(first["nodes"])
+    assert run_vocab.STORE_KEY in outputs.OWN  # never collected as one of the run's outputs
