@@ -36,7 +36,8 @@ GUARD_SOURCE = "guard.py"  # the guard itself, which every unit runs under
 VOCAB_SOURCE = "run_vocab.py"  # this file, beside the guard that imports it
 # The guard and the module_utils it imports, copied together from the collection: the
 # script's own folder comes first on its import path, so it finds them with no path set.
-GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", "guard_sync.py", VOCAB_SOURCE)
+GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", "guard_store.py", "guard_records.py",
+                 "guard_host.py", "guard_attempts.py", "guard_sync.py", VOCAB_SOURCE)
 # The run's end on the node (module_utils/run_end.py: collect_run) and its read (run_read.py:
 # run_state with a run id), with the modules they import, copied the same way: the actions
 # run them there as scripts, without Ansible's module wrapper (plugin_utils/node_script.py).

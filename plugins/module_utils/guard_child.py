@@ -1,13 +1,17 @@
-"""A guarded unit's process: a unit forked from its guard to run as ``python3 SCRIPT`` (or
-``python3 -m MODULE``) would, as a new ``__main__``, and the waits and signals the guard uses
-on either kind of child. Shipped beside guard.py into each run's folder (run_vocab.GUARD_SOURCES).
+"""A guarded unit's process: the unit as its guard starts, watches and stops it (UnitProcess);
+a unit forked from its guard to run as ``python3 SCRIPT`` (or ``python3 -m MODULE``) would, as
+a new ``__main__``; the fork server that starts a later attempt's unit from a process with no
+thread of the guard's; and the waits and signals the guard uses on every kind of child.
+Shipped beside guard.py into each run's folder (run_vocab.GUARD_SOURCES).
 """
 
 from __future__ import annotations
 
 import builtins
+import collections
 import importlib.machinery
 import io
+import json
 import os
 import runpy
 import select
@@ -21,14 +25,21 @@ import traceback
 import types
 import warnings
 
+try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_policy as policy
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
+except ImportError:  # on a node: imported by guard.py from the run's folder, where its siblings lie beside it
+    import guard_policy as policy
+    import run_vocab as vocab
+
 
 class Forked:
     """A unit forked from the guard to run as ``python3 SCRIPT ARGS`` or ``python3 -m MODULE
     ARGS`` would (see guard_policy.preload_target), with what the guard uses of a Popen: pid, stdout,
     poll, wait, returncode. A unit that starts at once forks before the guard starts any
     thread; so does one that waits for an earlier phase (``held``), which then waits for
-    release() before it runs anything of its own. A later attempt forks while the guard's
-    other threads sleep or wait on store sockets that the unit never uses."""
+    release() before it runs anything of its own. A later attempt's unit comes from the
+    fork server instead (ForkServer), since the guard then has threads."""
 
     def __init__(self, target: tuple[str, str, list[str]], setup, held: bool = False) -> None:
         read, write = os.pipe()
@@ -225,3 +236,276 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+# How long a new start, or a guard that is done, waits for the unit's last lines (a traceback)
+# to reach the log.
+OUTPUT_DRAIN_S = 2.0
+
+
+def own_group() -> None:
+    """In a unit's process before it runs: a process group of its own, which the guard's
+    signals reach whole, and SIGKILL when its parent ends."""
+    os.setpgid(0, 0)
+    die_with_parent()
+
+
+class ForkServer:
+    """A process forked from the guard before the guard starts any thread, that starts the
+    guard's later units: a later attempt's (launch_max_restarts), and a unit held for an
+    earlier phase that is not forked from the guard. A fork from the guard once its store
+    threads run could copy a lock that one of them holds into the unit; this process has
+    none of them (only torch's idle thread, as the guard had at its own first fork), and it
+    forks a Python unit, or starts any other command, as the guard did at its start. It
+    ignores the signals the guard gets, and dies with it (and its unit with it, as a unit
+    forked from the guard would)."""
+
+    def __init__(self, close_fds: tuple[int, ...] = ()) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch's idle thread: see Forked
+            pid = os.fork()
+        if pid == 0:
+            ours.close()
+            for fd in close_fds:
+                os.close(fd)
+            _serve(theirs)
+        theirs.close()
+        self.pid, self.sock, self.lock = pid, ours, threading.Lock()
+
+    def start(self, target: tuple[str, str, list[str]] | None, argv: list[str], env: dict) -> "Served":
+        """Start a unit: ``target`` forked (guard_policy.preload_target), else ``argv`` as its own
+        program; ``env`` over the guard's environment as it was at its start."""
+        read, write = os.pipe()
+        try:
+            with self.lock:
+                request = {"target": list(target) if target else None, "argv": argv, "env": env}
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [write])
+                reply = json.loads(self.sock.recv(1 << 16) or b"{}")
+        finally:
+            os.close(write)
+        if "pid" not in reply:
+            os.close(read)
+            raise OSError(f"the fork server could not start the unit: {reply.get('error', 'it is gone')}")
+        return Served(self, reply["pid"], os.fdopen(read, "rb"))
+
+    def exit_of(self, served: "Served", timeout: float) -> int | None:
+        """``served``'s exit as the server reports it (a Popen's returncode), waiting up to ``timeout``."""
+        with self.lock:
+            if served.returncode is None and select.select([self.sock], [], [], timeout)[0]:
+                message = self.sock.recv(1 << 16)
+                # A server gone takes its unit with it (PR_SET_PDEATHSIG).
+                served.returncode = json.loads(message)["exit"] if message else -signal.SIGKILL
+            return served.returncode
+
+
+class Served:
+    """A unit the fork server started, with what the guard uses of a Popen: pid, stdout, poll,
+    wait, returncode."""
+
+    held = False
+
+    def __init__(self, server: ForkServer, pid: int, stdout) -> None:
+        self.server, self.pid, self.stdout, self.returncode = server, pid, stdout, None
+
+    def poll(self) -> int | None:
+        return self.server.exit_of(self, 0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.server.exit_of(self, 0.05) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["python3", "-"], timeout)
+        return self.returncode
+
+
+def _serve(sock: socket.socket) -> None:
+    """The fork server's loop: one unit at a time, as the guard asks. Returns only in a forked
+    unit, by ChildExit, as the guard's own first fork does."""
+    die_with_parent()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    while True:
+        try:
+            message, fds, _flags, _address = socket.recv_fds(sock, 1 << 16, 1)
+        except OSError:
+            os._exit(0)
+        if not message or not fds:
+            os._exit(0)
+        request, output = json.loads(message), fds[0]
+        env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+        try:
+            if request.get("target"):
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    _run_target(tuple(request["target"]), output, lambda: (own_group(), os.environ.update(env)))
+            else:
+                def setup():
+                    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                        signal.signal(signum, signal.SIG_DFL)  # an ignored signal stays ignored across exec
+                    own_group()
+                pid = subprocess.Popen(request["argv"], stdout=output, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, preexec_fn=setup,
+                                       env=dict(os.environ, **env)).pid
+        except OSError as exc:
+            os.close(output)
+            sock.send(json.dumps({"error": str(exc)}).encode())
+            continue
+        os.close(output)  # here only: a forked unit ends by ChildExit through this frame
+        try:
+            os.setpgid(pid, pid)  # also here, so that a stop right away reaches its group
+        except OSError:
+            pass
+        sock.send(json.dumps({"pid": pid}).encode())
+        _pid, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        sock.send(json.dumps({"exit": code}).encode())
+
+
+class UnitProcess:
+    """The guard's unit: started (forked from the guard, or from its fork server, or as a
+    program of its own), its output passed on to the guard's output, its log and an
+    attempt's log, its progress watched (output lines, its heartbeat file), and stopped.
+    ``state`` is the unit's record, which it keeps the process's fields in; ``running`` is
+    called once it runs."""
+
+    def __init__(self, unit: dict, run_dir: str, poll: float, grace: float, wake: threading.Event, state: dict,
+                 running) -> None:
+        self.unit, self.run_dir, self.poll_s, self.grace, self.wake = unit, run_dir, poll, grace, wake
+        self.state, self.on_running = state, running
+        self.child = None
+        self.output: threading.Thread | None = None
+        self.server: ForkServer | None = None
+        self.lock_fd: int | None = None
+        self.last_progress = time.monotonic()
+        self.has_progressed = False
+        self.heartbeat_file = unit.get("heartbeat")
+        self.heartbeat_mtime = 0.0
+        # The unit's last lines: whether a failure blames a peer (guard_policy.peer_wait_over).
+        self.recent: collections.deque[str] = collections.deque(maxlen=20)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the unit still waits for the units it starts after: forked and held, or
+        (a unit that is not forked) a NotStarted stand-in, which is held for good."""
+        return getattr(self.child, "held", False)
+
+    def running_now(self) -> bool:
+        return self.child is not None and not self.waiting and self.child.poll() is None
+
+    def poll(self) -> int | None:
+        return self.child.poll()
+
+    def start(self, argv: list[str], target, env: dict | None = None, hold: bool = False, attempt: int = 1) -> None:
+        """Start the unit: ``argv``, forked where ``target`` (guard_policy.preload_target) says so
+        and torch is there, with ``env`` over the guard's own environment. The guard's first
+        start forks from the guard itself, which has no thread yet; with ``hold``, a forked
+        unit is forked now and runs once a later call releases it (a unit that is not forked
+        starts with that later call). Every later start comes from the fork server."""
+        if self.waiting and not hold and isinstance(self.child, Forked):
+            self.child.release()
+            self._running(attempt)
+            return
+        if self.output is not None:
+            # The last attempt's lines first: its reader must not count them as this one's progress.
+            self.output.join(OUTPUT_DRAIN_S)
+        forkable = target is not None and import_torch()
+        if self.child is not None and self.server is not None:
+            self.child = self.server.start(target if forkable else None, argv, env or {})
+        elif forkable:
+            self.child = Forked(target, lambda: self._forked_setup(env), held=hold)
+        elif hold:
+            self.child = NotStarted()
+        else:
+            self.child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, preexec_fn=own_group,
+                                          env=dict(os.environ, **env) if env else None)
+        if not hold:
+            self._running(attempt)
+
+    def _forked_setup(self, env: dict | None) -> None:
+        own_group()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # the guard's alone: the unit's life is not the guard's
+        if self.server is not None:
+            self.server.sock.close()
+        os.environ.update(env or {})
+
+    def _running(self, attempt: int) -> None:
+        self.last_progress, self.has_progressed = time.monotonic(), False
+        self.recent.clear()
+        self.output = threading.Thread(target=self._pass_output, args=(self.child, attempt), daemon=True)
+        self.output.start()
+        self.on_running(self.child.pid)
+
+    def _pass_output(self, child, attempt: int) -> None:
+        outs = [sys.stdout.buffer]
+        if self.unit.get("log"):
+            outs.append(open(self.unit["log"], "ab"))
+        if attempt > 1:
+            outs.append(open(os.path.join(self.run_dir, self.attempt_log(attempt)), "ab"))
+        for line in iter(child.stdout.readline, b""):
+            self.last_progress, self.has_progressed = time.monotonic(), True
+            self.recent.append(line.decode(errors="replace"))
+            for out in outs:
+                out.write(line)
+                out.flush()
+        # The pipe closes a moment before the process can be reaped; a wake in between finds
+        # it still running and the loop sleeps a whole poll. Bounded: a unit may close its
+        # output and go on.
+        try:
+            await_exit(child, self.poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        for out in outs[1:]:
+            out.close()
+        self.wake.set()
+
+    def attempt_log(self, attempt: int) -> str:
+        """The name of the copy of attempt ``attempt``'s lines, beside the unit's log."""
+        if self.unit.get("log"):
+            log = os.path.basename(self.unit["log"])
+        else:
+            ranks = self.unit.get("ranks") or []
+            log = vocab.unit_log(self.unit["role"], ranks[0] if ranks else None)
+        return vocab.attempt_log(log, attempt)
+
+    def stop(self) -> int:
+        """SIGTERM to the unit's process group, SIGKILL after the grace period: the exit code
+        as a shell reports it. The record says when the first of each was sent
+        (``sigterm_at``, ``sigkill_at``). A unit that never started ends as a stopped one
+        would (143), and its record says so."""
+        if self.waiting:
+            if self.child.pid is not None:
+                # Held since the guard's start, it ran nothing of the unit: nothing to grant.
+                killpg(self.child.pid, signal.SIGKILL)
+                await_exit(self.child, None)
+            self.state["not_started"] = True
+            return policy.exit_code(-signal.SIGTERM)
+        if self.child.poll() is None:
+            self.state.setdefault("sigterm_at", time.time())
+            killpg(self.child.pid, signal.SIGTERM)
+            try:
+                await_exit(self.child, self.grace)
+            except subprocess.TimeoutExpired:
+                self.state["sigkill_at"] = time.time()
+                killpg(self.child.pid, signal.SIGKILL)
+                await_exit(self.child, None)
+        else:
+            killpg(self.child.pid, signal.SIGKILL)  # what the unit left in its group
+        return policy.exit_code(self.child.returncode)
+
+    def progressed(self) -> float:
+        """Seconds since the unit last wrote a line or touched its heartbeat file."""
+        if self.heartbeat_file:
+            try:
+                mtime = os.stat(self.heartbeat_file).st_mtime
+            except OSError:
+                mtime = 0.0
+            if mtime > self.heartbeat_mtime:
+                self.heartbeat_mtime = mtime
+                self.last_progress, self.has_progressed = time.monotonic(), True
+        return time.monotonic() - self.last_progress

@@ -205,3 +205,146 @@ def restart_refused(abort: dict, attempts: list[dict], max_restarts: int, hosts:
         return (f"only {len(hosts)} node{'s' if len(hosts) != 1 else ''} answer{'s' if len(hosts) == 1 else ''} "
                 f"({', '.join(hosts) or 'none'}); launch_min_nodes={min_nodes}")
     return None
+
+
+# --- the loop's and the host's decisions -----------------------------------------------------------
+
+def stop_requested(read_stop, host: str) -> dict | None:
+    """The abort a stop file asks for (torchfleet stop), or None where there is none: ``read_stop()``
+    gives the file's text, "" where it cannot be read, None where there is no file."""
+    why = read_stop()
+    if why is None:
+        return None
+    return {"kind": vocab.AbortKind.STOPPED.value, "host": host, "unit": None,
+            "reason": why.strip() or "stopped on request (torchfleet stop)"}
+
+
+def signalled(unit: dict, signum: int) -> dict:
+    """The abort of a guard that got SIGTERM, SIGINT or SIGHUP."""
+    return {"kind": vocab.AbortKind.STOPPED.value, "host": unit["host"], "unit": unit["name"],
+            "reason": f"{who(unit)} got signal {signum}"}
+
+
+def store_limit(connected: bool, node_timeout: float, start_timeout: float) -> float:
+    """How long a guard may go without the store: until the store first answers, the start's
+    allowance."""
+    return node_timeout if connected else start_timeout
+
+
+def store_lost(where: dict, silent_s: float, node_timeout: float) -> dict:
+    """The abort of a guard that lost the store on ``where`` (a store candidate) for ``silent_s``."""
+    return {"kind": vocab.AbortKind.NODE_LOST.value, "host": where["node"], "hosts": [where["node"]], "unit": None,
+            "store_lost": True,
+            "reason": f"lost the supervision store on {where['node']} ({where['host']}:{where['port']}) for "
+                      f"{int(silent_s)}s (launch_node_timeout={node_timeout:g}): the master node stopped answering"}
+
+
+def moved(host: str, node: str) -> dict:
+    """The abort of a master that stood still and was replaced by ``node``."""
+    return {"kind": vocab.AbortKind.MOVED.value, "host": host, "unit": None, "moved_to": node,
+            "reason": f"{host} stood still as the master and was lost; the run went on with {node} as its master"}
+
+
+def move_on_s(node_timeout: float) -> float:
+    """How long the guards take, at most, to lose a silent store (a node timeout) and to find
+    the next one (as long again, and a margin for a starved node)."""
+    return 2 * node_timeout + 5
+
+
+def back_from_standing_still(still_gap: float, since_end: float, node_timeout: float) -> bool:
+    """Whether a host that stood still for ``still_gap`` seconds, back ``since_end`` seconds ago,
+    was gone as long as the other guards take to lose its store and move on (the units it
+    now finds lost were lost to its own absence), and is back just now: within the node
+    timeout that their fresh allowance takes to run out (and as much again for a starved host)."""
+    return still_gap >= move_on_s(node_timeout) and since_end <= move_on_s(node_timeout)
+
+
+def inferred_successor(candidates: list[dict], gen: int, own_host: str, min_nodes: int) -> str | None:
+    """The node that the other guards, having lost this host's store, make their master: the
+    next in node order, where enough nodes are left for launch_min_nodes."""
+    others = [c for c in candidates[gen + 1:] if c["node"] != own_host]
+    if others and len(others) >= min_nodes:
+        return others[0]["node"]
+    return None
+
+
+def own_failure(abort: dict, index: int) -> bool:
+    """Whether ``abort`` is unit ``index``'s own failure: only that unit ended on its own account;
+    any other was stopped because of it."""
+    return abort.get("index") == index and abort.get("kind") == vocab.AbortKind.RANK_FAILED
+
+
+def attempt_end(restarts_left: bool, abort: dict, member: bool, is_host: bool) -> str:
+    """What a guard does once its attempt ended with ``abort``: ``final`` (the run ends), or
+    with another attempt possible, ``failover`` (the store was lost), ``decide`` (the host:
+    which nodes go on), or ``await`` (the host's decision)."""
+    if not restarts_left or not restartable(abort) or not member:
+        return "final"
+    if abort.get("store_lost"):
+        return "failover"
+    return "decide" if is_host else "await"
+
+
+def attempt_entry(attempt: int, ranks: list[int], code: int, abort: dict, own: bool, state: dict) -> dict:
+    """A unit's row for the attempt that ``abort`` ended, with what its record said of the
+    unit's end (taken out of ``state``, which keeps the record's running fields)."""
+    entry = {"attempt": attempt, "ranks": ranks, "exit_code": code,
+             "state": (vocab.UnitState.EXITED if own else vocab.UnitState.STOPPED).value,
+             "why": None if own else abort["reason"]}
+    for key in ("abort_seen_at", "sigterm_at", "sigkill_at", "child_exit_code", "not_started"):
+        if key in state:
+            entry[key] = state.pop(key)
+    return entry
+
+
+def final_unit_state(attempts: list[dict]) -> tuple[str, str | None]:
+    """How a unit ended in the run, from its rows of the attempts: its last one's state and why."""
+    last = (attempts or [{}])[-1]
+    return last.get("state") or vocab.UnitState.STOPPED.value, last.get("why")
+
+
+def still_ending(members: set[int], exits: dict, moved_at: dict, started: float, now: float, poll: float,
+                 grace: float) -> list[int]:
+    """The units whose end the host still waits for: no exit yet, and a guard that beat within
+    two polls (a stopped unit's guard beats through its grace), counted from ``started`` for
+    one not seen to beat."""
+    return [i for i in sorted(members) if i not in exits
+            and now - moved_at.get(i, started) < 2 * poll + 1 + (grace if i in moved_at else 0)]
+
+
+def answering_hosts(nodes: list[dict], units: list[dict], beating: set[int]) -> list[str]:
+    """The nodes whose every unit of an attempt has a guard that beats."""
+    return [n["host"] for n in nodes if all(i in beating for i in node_units(units, n["host"]))]
+
+
+def answering_done(waited: float, least: float, most: float, missing: set[str], lost: set[str],
+                   rejoin_timeout: float) -> bool:
+    """Whether the host has watched the guards long enough to plan the next attempt: at least
+    ``least``; then once no node is missing, a node the ended attempt lost had
+    ``rejoin_timeout`` to come back, or at ``most``."""
+    return waited >= least and (not missing or (missing <= lost and waited >= rejoin_timeout) or waited >= most)
+
+
+def attempt_row(plan: dict, started_at: str, t: float) -> dict:
+    """The run's table's row of the attempt ``plan``, as it starts (``_t``: its start, not shown)."""
+    return {"attempt": plan["attempt"], "started_at": started_at, "ended_at": None, "seconds": None,
+            "state": vocab.RunState.RUNNING.value, "cause": None, "nodes": plan["nodes"],
+            "master": plan["master"], "world_size": plan["world_size"], "ranks": plan["ranks"], "_t": t}
+
+
+def close_row(row: dict, abort: dict | None, state: str, ended_at: str, t: float) -> None:
+    """Close an attempt's row: when, how, and why (its abort, without the run's ``final``)."""
+    row.update(ended_at=ended_at, cause={k: v for k, v in abort.items() if k != "final"} if abort else None,
+               state=state)
+    if "_t" in row:
+        row["seconds"] = round(t - row.pop("_t"), 1)
+
+
+def job_document(config: dict, state: str, abort: dict | None, exits: dict, ages: dict, elapsed: float,
+                 updated_at: str) -> dict:
+    """job.json: the run's state as the store's host sees it; ``ages``: each unit's heartbeat age."""
+    return {"run_id": config["run_id"], "job": config["job"], "state": state, "abort": abort,
+            "updated_at": updated_at, "elapsed_s": round(elapsed, 1),
+            "units": [{"name": u["name"], "host": u["host"], "role": u["role"], "exit_code": exits.get(i),
+                       "heartbeat_age_s": round(ages[i], 1) if i in ages else None}
+                      for i, u in enumerate(config["units"])]}

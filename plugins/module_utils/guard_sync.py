@@ -18,8 +18,10 @@ no controller, no port of its own. Shipped beside guard.py into each run's folde
         ``timeout`` seconds is named in a TimeoutError; a host that fails raises SyncError
         and posts why, and every other host then raises PeerError (a SyncError) with it.
 
-The store's calls are set, get, check, add and delete_key, which every torch's TCPStore has;
-waits are short polls, so that the store's one socket is never held for long.
+The store is the guard's (guard_store.SignedStore): set, get and read sign and check each
+value's MAC under the run's key, so that a manifest, a part or a failure that is not the
+run's is never acted on; check, add and delete_key are the TCPStore's own. Waits are short
+polls, so that the store's one socket is never held for long.
 """
 
 from __future__ import annotations
@@ -138,8 +140,9 @@ def _poll(store, attempt: int, timeout: float, ready, missing, what: str, grace:
         done, progress = ready()
         if done:
             return
-        if store.check([failed_key(attempt)]):
-            raise PeerError(f"checkpoint sync of attempt {attempt} failed on {store.get(failed_key(attempt)).decode()}")
+        failed = store.read(failed_key(attempt))
+        if failed is not None:
+            raise PeerError(f"checkpoint sync of attempt {attempt} failed on {failed.decode()}")
         if progress != mark:
             last, mark, pause = time.monotonic(), progress, 0.005
         elif time.monotonic() - last > limit:
@@ -212,10 +215,14 @@ def _receive(store, attempt, host, folder, files, chunks, names, source, timeout
         try:
             with open(temp, "wb") as fh:
                 for seq in chunks[name]:
-                    key = chunk_key(attempt, seq)
-                    _poll(store, attempt, timeout, lambda k=key: (store.check([k]), None), lambda: [source],
-                          "send the checkpoint's next part", grace=True)
-                    data = store.get(key)
+                    got: list[bytes | None] = [None]
+
+                    def arrived(key=chunk_key(attempt, seq)):
+                        got[0] = store.read(key)  # a part without the run's MAC is waited past
+                        return got[0] is not None, None
+                    _poll(store, attempt, timeout, arrived, lambda: [source], "send the checkpoint's next part",
+                          grace=True)
+                    data = got[0]
                     fh.write(data)
                     received += len(data)
                     store.add(got_key(attempt, host), 1)

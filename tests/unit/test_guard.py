@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import guard_folder
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, guard_child, guard_policy, run_folder, run_vocab
+from harness import guard_folder, store_key
+from ansible_collections.torchfleet.cluster.plugins.module_utils import (guard, guard_child, guard_policy, guard_records,
+                                                                 guard_store, run_folder, run_vocab)
 from torchfleet.report import PEER_ERROR_RE
 
 RANK = {"name": "tf-r-rank1", "host": "node-2", "role": "rank", "ranks": [1]}
@@ -96,8 +97,8 @@ def test_usage_errors_exit_2(capsys):
 
 def test_state_files_are_replaced_whole(tmp_path):
     path = tmp_path / "guard-0.json"
-    guard.write_json(str(path), {"state": "running"})
-    guard.write_json(str(path), {"state": "stopped"})
+    guard_records.write_json(str(path), {"state": "running"})
+    guard_records.write_json(str(path), {"state": "stopped"})
     assert path.read_text().count("stopped") == 1 and list(tmp_path.iterdir()) == [path]
 
 
@@ -107,7 +108,7 @@ def test_a_guard_that_ends_removes_the_nodes_secret_environment(tmp_path):
     secret.write_text("TOKEN='x'\n")
     config = {"units": [SSHD], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j"}
     ended = guard.Guard(config, 0, ["true"], str(tmp_path))
-    ended._finish_unlocked(143, "stopped", None, None)
+    ended.records.finish(143, "stopped", None, None)
     assert not secret.exists()
     assert '"state": "stopped"' in (tmp_path / "guard-0.json").read_text()
 
@@ -120,7 +121,7 @@ def test_a_units_end_wakes_the_loop_only_once_the_unit_can_be_reaped(tmp_path):
     unit = guard.Guard(config, 0, ["sh", "-c", "exec >&- 2>&-; sleep 0.3; exit 3"], str(tmp_path))
     unit.start_child()
     assert unit.wake.wait(20)
-    assert unit.child.poll() == 3
+    assert unit.proc.child.poll() == 3
 
 
 @pytest.mark.parametrize("current, node_timeout, after", [(1, 10, 2), (8, 10, 10), (10, 10, 10), (1, 0.5, 1)])
@@ -147,6 +148,7 @@ def test_the_watchdogs_allowance_runs_from_the_stores_first_answer(tmp_path, mon
     config = {"units": [SSHD, RANK], "store_unit": 0, "node_timeout": 10, "run_id": "r", "job": "j",
               "store": {"host": "127.0.0.1", "port": 1, "node": "node-2"}}
     late = guard.Guard(config, 1, ["true"], str(tmp_path))
+    late.link.key = b"the run's key"
     late.last_ok -= 50  # 50 s of trying
     assert late.connect(timeout=1.0)
     assert late._store_limit() == 10 and guard.time.monotonic() - late.last_ok < 10
@@ -177,6 +179,9 @@ class CountingStore:
     def check(self, keys):
         return all(k in self.keys for k in keys)
 
+    def read(self, key):
+        return None  # no unit has exited
+
 
 def test_a_rank_that_lost_a_peer_aborts_only_once_the_peers_guards_are_seen_alive(tmp_path):
     """Gloo's connection reset on rank 0 follows whatever ended rank 1: rank 0 reports the run
@@ -185,16 +190,16 @@ def test_a_rank_that_lost_a_peer_aborts_only_once_the_peers_guards_are_seen_aliv
     config = {"units": [dict(RANK, name="tf-r-rank0", host="node-1", ranks=[0]), RANK], "store_unit": 0,
               "node_timeout": 10, "run_id": "r", "job": "j", "poll_interval": 0.5, "peer_error": PEER_ERROR_RE.pattern}
     unit = guard.Guard(config, 0, ["true"], str(tmp_path))
-    unit.store = CountingStore()
-    unit.recent.append("RuntimeError: [pair.cc:598] Connection reset by peer [172.29.0.3]:41514\n")
+    unit.link.store = CountingStore()
+    unit.proc.recent.append("RuntimeError: [pair.cc:598] Connection reset by peer [172.29.0.3]:41514\n")
     assert not unit._peer_wait_over()
     unit.store.add("hb/1", 1)
     assert not unit._peer_wait_over()
     unit.store.add("hb/1", 1)
     assert unit._peer_wait_over()
     plain = guard.Guard(config, 0, ["true"], str(tmp_path))
-    plain.store = CountingStore()
-    plain.recent.append("ValueError: bad batch\n")
+    plain.link.store = CountingStore()
+    plain.proc.recent.append("ValueError: bad batch\n")
     assert plain._peer_wait_over()
 
 
@@ -246,7 +251,7 @@ def _forked_unit(tmp_path, monkeypatch, code: str, *args: str) -> guard.Guard:
     config = {"units": [unit], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
     forked = guard.Guard(config, 0, [sys.executable, str(script), *args], str(tmp_path))
     _start(forked)
-    assert isinstance(forked.child, guard_child.Forked)
+    assert isinstance(forked.proc.child, guard_child.Forked)
     assert forked.wake.wait(20)
     return forked
 
@@ -259,7 +264,7 @@ print("to stderr", file=sys.stderr, flush=True)
 sys.exit(3)
 """
     unit = _forked_unit(tmp_path, monkeypatch, code, "--epoch", "1")
-    assert unit.child.poll() == 3
+    assert unit.proc.child.poll() == 3
     log = (tmp_path / "rank.log").read_text()
     script = str(tmp_path / "work" / "train.py")
     assert f"__main__ {[script, '--epoch', '1']} sibling True True\n" in log
@@ -276,22 +281,22 @@ def test_a_forked_module_runs_as_python_m_would(tmp_path, monkeypatch):
               "run_id": "r", "job": "j", "poll_interval": 20}
     agent = guard.Guard(config, 0, [sys.executable, "-m", "tfagent", "--nnodes", "2"], str(tmp_path))
     _start(agent)
-    assert isinstance(agent.child, guard_child.Forked)
+    assert isinstance(agent.proc.child, guard_child.Forked)
     assert agent.wake.wait(20)
-    assert agent.child.poll() == 4
+    assert agent.proc.child.poll() == 4
     assert (tmp_path / "agent.log").read_text() == f"__main__ {[str(tmp_path / 'tfagent.py'), '--nnodes', '2']}\n"
 
 
 def test_a_forked_unit_that_raises_exits_1_with_its_traceback(tmp_path, monkeypatch):
     unit = _forked_unit(tmp_path, monkeypatch, "raise ValueError('bad shape')\n")
-    assert unit.child.poll() == 1
+    assert unit.proc.child.poll() == 1
     log = (tmp_path / "rank.log").read_text()
     assert "Traceback" in log and "ValueError: bad shape" in log
 
 
 def test_a_forked_unit_interrupted_ends_as_python_does_on_ctrl_c(tmp_path, monkeypatch):
     unit = _forked_unit(tmp_path, monkeypatch, "raise KeyboardInterrupt\n")
-    assert unit.child.poll() == -signal.SIGINT
+    assert unit.proc.child.poll() == -signal.SIGINT
     assert "KeyboardInterrupt" in (tmp_path / "rank.log").read_text()
 
 
@@ -303,10 +308,24 @@ def test_a_forked_unit_is_stopped_by_its_process_group(tmp_path, monkeypatch):
     unit = guard.Guard(config, 0, [sys.executable, str(script)], str(tmp_path))
     _start(unit)
     deadline = guard.time.monotonic() + 20
-    while not unit.has_progressed and guard.time.monotonic() < deadline:
+    while not unit.proc.has_progressed and guard.time.monotonic() < deadline:
         guard.time.sleep(0.05)
-    assert unit.has_progressed
+    assert unit.proc.has_progressed
     assert unit.stop_child() == 128 + signal.SIGTERM
+
+
+def test_an_aborts_wake_for_an_attempt_that_ended_stops_nothing_of_the_next(tmp_path):
+    """The abort's wait wakes for attempt 1; its thread, starved, acts only after the guard has
+    begun attempt 2 and started that attempt's unit. It must not stop that unit: under load
+    it once did, and the next attempt failed with its own guard's SIGTERM (143)."""
+    config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "stop_grace": 1}
+    unit = guard.Guard(config, 0, ["sleep", "60"], str(tmp_path))
+    unit.start_child()
+    unit.attempt = 2  # as begin_attempt sets it, before the attempt's unit starts
+    assert unit._stop_on_abort(1, 0) is False
+    assert unit.proc.poll() is None and "sigterm_at" not in unit.state
+    assert unit._stop_on_abort(2, 0) is True
+    assert guard_child.await_exit(unit.proc.child, 10) == -signal.SIGTERM
 
 
 # A stand-in for torch: an in-memory TCPStore for a guard that hosts the store of a 1-unit run.
@@ -326,8 +345,8 @@ class TCPStore:
     def set(self, key, value):
         self.data[key] = value.encode() if isinstance(value, str) else value
     def compare_set(self, key, expected, value):
-        if key not in self.data:
-            self.data[key] = value.encode()
+        if self.data.get(key, b"") == (expected.encode() if isinstance(expected, str) else expected):
+            self.set(key, value)
         return self.data[key]
     def wait(self, keys, timeout):
         import time
@@ -352,6 +371,7 @@ def test_a_forked_script_ends_as_its_own_interpreter_would(tmp_path):
               "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
               "store": {"host": "127.0.0.1", "port": 0, "node": "node-2"}}
     (tmp_path / "guard.json").write_text(json.dumps(config))
+    store_key(tmp_path)
     done = subprocess.run([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "0", "--", sys.executable,
                            str(script)], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
@@ -400,6 +420,7 @@ def test_a_guard_that_ends_at_once_keeps_its_units_last_lines(tmp_path):
               "run_id": "r", "job": "j", "poll_interval": 0.05, "stop_grace": 1,
               "store": {"host": "127.0.0.1", "port": 0, "node": "node-2"}}
     (tmp_path / "guard.json").write_text(json.dumps(config))
+    store_key(tmp_path)
     proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "0", "--", sys.executable,
                              str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
@@ -415,7 +436,8 @@ def test_a_guard_that_ends_at_once_keeps_its_units_last_lines(tmp_path):
 def _guard_frozen(tmp_path, script: str, wait_until: str | None = None) -> subprocess.Popen:
     """A real guard of rank 1, its store a stand-in whose ``add`` blocks once the unit runs,
     as an op on a frozen master does (the node timeout is 60 s); its ``wait`` for the abort
-    returns once the file ``wait_until`` exists, if given."""
+    returns once the file ``wait_until`` exists, if given, with the file's bytes as the abort's
+    value."""
     fake = tmp_path / "fake" / "torch" / "distributed"
     fake.mkdir(parents=True)
     (fake.parent / "__init__.py").write_text("")
@@ -427,13 +449,15 @@ def _guard_frozen(tmp_path, script: str, wait_until: str | None = None) -> subpr
     if wait_until:
         source = source.replace("        import time\n        time.sleep(3600)\n",
                                 f"        import os, time\n        while not os.path.exists({wait_until!r}):\n"
-                                f"            time.sleep(0.05)\n")
+                                f"            time.sleep(0.05)\n"
+                                f"        self.data[keys[0]] = open({wait_until!r}, 'rb').read()\n")
     (fake / "__init__.py").write_text(source)
     (tmp_path / "train.py").write_text(script)
     config = {"units": [dict(MPIRUN, log=str(tmp_path / "mpirun.log")), dict(RANK, log=str(tmp_path / "rank.log"))],
               "store_unit": 0, "node_timeout": 60, "run_id": "r", "job": "j", "poll_interval": 0.2, "stop_grace": 1,
               "store": {"host": "127.0.0.1", "port": 0, "node": "node-1"}}
     (tmp_path / "guard.json").write_text(json.dumps(config))
+    store_key(tmp_path)
     proc = subprocess.Popen([sys.executable, guard.__file__, str(tmp_path / "guard.json"), "1", "--", sys.executable,
                              str(tmp_path / "train.py")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=str(tmp_path / "fake")))
@@ -478,25 +502,35 @@ def test_the_wait_for_a_unit_returns_its_exit_or_times_out(tmp_path, monkeypatch
     config = {"units": [RANK], "store_unit": 0, "node_timeout": 4, "run_id": "r", "job": "j", "poll_interval": 20}
     unit = guard.Guard(config, 0, [sys.executable, str(script)], str(tmp_path))
     _start(unit)
-    assert isinstance(unit.child, guard_child.Forked) == forked
+    assert isinstance(unit.proc.child, guard_child.Forked) == forked
     with pytest.raises(subprocess.TimeoutExpired):
-        guard_child.await_exit(unit.child, 0.05)
-    assert guard_child.await_exit(unit.child, 30) == 5
-    assert guard_child.await_exit(unit.child, 0) == 5
+        guard_child.await_exit(unit.proc.child, 0.05)
+    assert guard_child.await_exit(unit.proc.child, 30) == 5
+    assert guard_child.await_exit(unit.proc.child, 0) == 5
 
 
 def test_a_posted_abort_stops_the_unit_while_the_guards_loop_is_held(tmp_path):
     """The abort's wake sends the unit SIGTERM itself. The loop is held in a store op here
     and no stop file is written, so only that wake can stop the unit within the test's 30 s;
-    the rank's own SIGTERM handler records what it got."""
+    the rank's own SIGTERM handler records what it got. An abort without the run's MAC,
+    posted first, stops nothing, and the guard's log says it rejected it."""
     posted, got = tmp_path / "posted", tmp_path / "got"
     proc = _guard_frozen(tmp_path, f"import signal, sys, time\n"
                                    f"def on_term(signum, frame):\n    open({str(got)!r}, 'w').write(str(signum))\n"
                                    f"    sys.exit(0)\n"
                                    f"signal.signal(signal.SIGTERM, on_term)\nprint('training', flush=True)\n"
                                    f"time.sleep(3600)\n", wait_until=str(posted))
+    abort = json.dumps({"kind": "stopped", "host": "node-1", "unit": None, "reason": "forged"})
     try:
-        posted.touch()
+        posted.write_text(abort)
+        deadline = time.monotonic() + 30
+        while "rejected abort/1" not in (tmp_path / "rank.log").read_text():
+            assert time.monotonic() < deadline, "the forged abort was not rejected"
+            time.sleep(0.1)
+        time.sleep(1)
+        assert not got.exists() and proc.poll() is None
+        key = (tmp_path / run_vocab.STORE_KEY).read_bytes()
+        posted.write_bytes(guard_store.SignedStore(None, key, None).sign(run_vocab.abort_key(1), abort))
         deadline = time.monotonic() + 30
         while not got.exists():
             assert time.monotonic() < deadline, "the unit was not stopped"

@@ -5,6 +5,8 @@ given; the faults are a crash, and a node whose guard and unit stand still (SIGS
 
 import json
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +24,7 @@ UNIT = r"""
 import json, os, sys, time
 env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHFLEET_RESTART_COUNT")}
 print("saw " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+print(f"started by {os.getppid()} with {len(os.listdir(f'/proc/{os.getppid()}/task'))} threads", flush=True)
 attempt = int(os.environ.get("TORCHFLEET_RESTART_COUNT") or 0) + 1
 crash_rank, crash_on, seconds, crash_after = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 marks = sys.argv[5]
@@ -84,9 +87,10 @@ class Cluster:
                  crash_after=0.5, node_timeout=LOSS_TIMEOUT):
         self.dirs = []
         port = None
+        self.key = secrets.token_hex(32)  # the run's, on every node
         for i in range(len(NODES)):
             (tmp_path / f"n{i}").mkdir()
-            folder, free = guard_folder(tmp_path / f"n{i}")
+            folder, free = guard_folder(tmp_path / f"n{i}", self.key)
             port = port or free
             self.dirs.append(folder)
         script = tmp_path / "unit.py"
@@ -180,6 +184,14 @@ def test_a_crash_restarts_every_rank_on_the_same_nodes(cluster, wrapped):
     assert "crashing now" in c.log(1)
     assert [a["exit_code"] for a in c.record(1)["attempts"]] == [3]
     assert c.record(1)["state"] == "exited" and c.record(1)["exit_code"] == 0
+    # The first attempt's unit came from its guard, before the guard's threads; the second's
+    # from a process that has none of them (its fork server), not from the guard, which has.
+    alone = int(subprocess.run([sys.executable, "-c", "import os\nfrom torch.distributed import TCPStore\n"
+                                "print(len(os.listdir('/proc/self/task')))"], capture_output=True, text=True).stdout)
+    for i in range(3):
+        first, second = re.findall(r"started by (\d+) with (\d+) threads", c.log(i))
+        assert int(first[0]) == c.procs[i].pid
+        assert int(second[0]) != c.procs[i].pid and int(second[1]) <= alone
 
 
 def test_a_rank_that_finished_runs_again_when_another_fails_in_its_attempt(cluster):

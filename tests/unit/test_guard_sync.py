@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_sync
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_store, guard_sync
 
 TCPStore = pytest.importorskip("torch.distributed").TCPStore
 HOSTS = ["node-1", "node-2", "node-3"]
@@ -39,13 +39,18 @@ def digest(folder):
     return found
 
 
-def run_sync(master, folders: dict, attempt=1, timeout=10.0, hosts=HOSTS):
-    """sync() on one thread per host in ``folders``, each with its own client of ``master``;
-    returns each host's result, or the exception it raised, and the lines it said."""
+KEY = b"the run's key"
+
+
+def run_sync(master, folders: dict, attempt=1, timeout=10.0, hosts=HOSTS, rejected=None):
+    """sync() on one thread per host in ``folders``, each with its own client of ``master``,
+    signed as a guard's is; returns each host's result, or the exception it raised, and the
+    lines it said."""
     results, lines = {}, {h: [] for h in folders}
 
     def node(host):
-        client = TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=10))
+        client = guard_store.SignedStore(TCPStore("127.0.0.1", master.port, is_master=False,
+                                                  timeout=timedelta(seconds=10)), KEY, rejected or (lambda *_: None))
         try:
             results[host] = guard_sync.sync(client, attempt, host, hosts, str(folders[host]), timeout,
                                             say=lines[host].append)
@@ -163,6 +168,25 @@ def test_a_changed_source_file_fails_every_host_with_the_reason(store, tmp_path,
         assert str(results[host]) == ("checkpoint sync of attempt 1 failed on node-1: "
                                       "checkpoint-000000001.pt changed during the checkpoint sync")
     assert not (folders["node-2"] / "checkpoint-000000001.pt").exists()
+
+
+def test_a_forged_failure_and_a_forged_part_are_ignored_and_told(store, tmp_path):
+    """Values without the run's MAC, set by anyone who reaches the store before the copy: a
+    failure that would end every host's copy, and the first part of the file that the copy
+    needs. The copy goes on, the file arrives byte for byte, and the rejection is told."""
+    folders = {h: tmp_path / h for h in HOSTS}
+    data = os.urandom(1000)
+    write(folders["node-1"], "checkpoint-000000001.pt", data, NEW)
+    store.set(guard_sync.failed_key(1), "node-1: forged")
+    store.set(guard_sync.chunk_key(1, 0), b"0" * 64 + b"forged part")
+    rejected = []
+
+    results, _ = run_sync(store, folders, rejected=lambda name, value: rejected.append(name))
+
+    assert all(not isinstance(r, Exception) for r in results.values()), results
+    for host in ("node-2", "node-3"):
+        assert (folders[host] / "checkpoint-000000001.pt").read_bytes() == data
+    assert guard_sync.failed_key(1) in rejected
 
 
 def test_no_checkpoint_anywhere_copies_nothing(store, tmp_path):

@@ -75,3 +75,33 @@ def test_a_file_meant_to_hold_a_key_must_be_private(tmp_path, keys):
     key.chmod(0o644)
     code, out = scan(tmp_path, tmp_path / "runs", allow=["*/ssh_host_*_key"])
     assert code == 1 and out["findings"] == [{"path": str(key), "what": "a secret's file with mode 0o644"}]
+
+
+def test_a_secret_made_on_the_node_is_looked_for_everywhere_else_and_brought_back(tmp_path, keys):
+    """A run's store key, which the launch makes per run (no controller knows it up front):
+    its file must be private, its value is found in any other file, and --found writes it
+    for the controller's scan."""
+    run = tmp_path / "runs" / "20261129-r1"
+    run.mkdir()
+    key = run / "store.key"
+    key.write_text("a3" * 32)
+    key.chmod(0o400)
+    (run / "guard-0.json").write_text('{"state": "running"}')
+    found = tmp_path / "found.json"
+    args = ["--secret-file=*/runs/*/store.key", f"--found={found}"]
+
+    def scan_with(*more):
+        secrets = tmp_path / "secrets"
+        (secrets / "needles.json").write_text(json.dumps({"proxy password": "tfleak-proxy-abc123"}))
+        done = subprocess.run([sys.executable, str(SCANNER), "--needles", str(secrets / "needles.json"), *args, *more,
+                               str(tmp_path / "runs")], capture_output=True, text=True)
+        return done.returncode, json.loads(done.stdout)
+
+    assert scan_with() == (0, {"needles": 2, "findings": []})
+    assert json.loads(found.read_text()) == {f"the secret in {key}": "a3" * 32}
+    (run / "rank-0.log").write_text(f"store key: {'a3' * 32}\n")
+    key.chmod(0o644)
+    code, out = scan_with()
+    assert code == 1 and sorted((Path(f["path"]).name, f["what"]) for f in out["findings"]) == [
+        ("rank-0.log", f"the secret in {key}"), ("store.key", "a secret's file with mode 0o644")]
+    assert "a3" * 32 not in json.dumps(out)

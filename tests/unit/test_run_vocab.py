@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from harness import ROOT
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_folder, run_vocab
+from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, guard_records, run_folder, run_vocab
 from torchfleet import api, cli, report, spec
 from torchfleet import run_vocab as package_vocab
 
@@ -95,7 +95,7 @@ def test_the_package_and_the_collection_share_one_vocabulary():
     # One file: the collection carries the package's (a link in the checkout, a copy once built).
     assert Path(run_vocab.__file__).resolve() == Path(package_vocab.__file__).resolve()
     assert package_vocab.JOB == run_vocab.JOB and package_vocab.exit_key(3) == run_vocab.exit_key(3)
-    assert not hasattr(guard, "ABORT_KINDS") and guard.SECRET_FILES == (run_vocab.SECRET_ENV,)
+    assert not hasattr(guard, "ABORT_KINDS") and guard_records.SECRET_FILES == (run_vocab.SECRET_ENV,)
 
 
 def test_words_are_their_values_in_json_comparisons_keys_and_text():
@@ -244,7 +244,7 @@ def test_a_unit_that_ignores_sigterm_gets_the_grace_before_sigkill_and_the_recor
     unit = guard.Guard(config, 0, [sys.executable, str(script)], str(tmp_path))
     unit.start_child()
     deadline = time.monotonic() + 20
-    while not unit.has_progressed and time.monotonic() < deadline:
+    while not unit.proc.has_progressed and time.monotonic() < deadline:
         time.sleep(0.05)
     assert unit.stop_child() == 128 + signal.SIGKILL
     assert 1.5 <= unit.state["sigkill_at"] - unit.state["sigterm_at"] < 5

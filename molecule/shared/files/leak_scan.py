@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """Look for secrets where they must not be: in files under the given paths.
 
-    leak_scan.py --needles NEEDLES.json [--key KEYFILE]... [--expand OUT.json]
-                 [--allow GLOB]... [--skip PATH]... [PATH]...
+    leak_scan.py --needles NEEDLES.json... [--key KEYFILE]... [--expand OUT.json]
+                 [--allow GLOB]... [--secret-file GLOB]... [--found OUT.json]
+                 [--skip PATH]... [PATH]...
 
-NEEDLES.json maps a label to a secret value. --key adds the body lines of a private key
-file (SSH or PEM), or of every one in a folder, as values of their own, so a key that
-leaked in any text form is found;
+NEEDLES.json maps a label to a secret value (several files add up). --key adds the body
+lines of a private key file (SSH or PEM), or of every one in a folder, as values of their
+own, so a key that leaked in any text form is found;
 --expand writes the whole set for a scan elsewhere (a node). Every regular file under the
 paths is searched for every value, and for private-key headers. A file that matches
 --allow is meant to hold a secret: it is not searched, but it must be private (no group
-or other permission bits). --skip leaves a path out (where the needles themselves are
+or other permission bits). A file that matches --secret-file is such a file whose content
+is a secret made where the scan runs (a run's store key): it must be private too, and its
+content is looked for in every other file; --found writes those for a scan elsewhere (the
+controller). --skip leaves a path out (where the needles themselves are
 kept). Findings name the file and the label, never the value; the
 exit status is 1 when there is any. The scan itself needs Python's standard library only,
 as the nodes have it; --key wants the cryptography package (the controller's Ansible has it).
@@ -91,8 +95,10 @@ def key_files(path):
 
 
 def load_needles(args):
-    with open(args.needles) as fh:
-        needles = {label: value.encode() for label, value in json.load(fh).items() if value}
+    needles = {}
+    for path in args.needles:
+        with open(path) as fh:
+            needles.update({label: value.encode() for label, value in json.load(fh).items() if value})
     for path in (key for top in args.key for key in key_files(top)):
         for number, line in enumerate(key_lines(path), 1):
             needles[f"private key {path} line {number}"] = line
@@ -110,6 +116,18 @@ def files(paths, skip):
                 path = os.path.join(folder, name)
                 if os.path.realpath(path) not in skip:
                     yield path
+
+
+def secret_files(paths, patterns, skip):
+    """The secrets in the files that match ``patterns``, by a label naming the file."""
+    found = {}
+    for path in files(paths, skip):
+        if any(fnmatch.fnmatch(path, pattern) for pattern in patterns) and os.path.isfile(path):
+            with open(path, "rb") as fh:
+                value = fh.read().strip()
+            if len(value) >= MIN_LINE:
+                found[f"the secret in {path}"] = value
+    return found
 
 
 def scan(paths, needles, allow, skip):
@@ -138,22 +156,33 @@ def scan(paths, needles, allow, skip):
     return findings
 
 
+def write_private(path, needles):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({label: value.decode() for label, value in needles.items()}, fh)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--needles", required=True)
+    parser.add_argument("--needles", action="append", required=True)
     parser.add_argument("--key", action="append", default=[])
     parser.add_argument("--expand")
     parser.add_argument("--allow", action="append", default=[])
+    parser.add_argument("--secret-file", action="append", default=[])
+    parser.add_argument("--found")
     parser.add_argument("--skip", action="append", default=[])
     parser.add_argument("paths", nargs="*")
     args = parser.parse_args()
     needles = load_needles(args)
     if args.expand:
-        fd = os.open(args.expand, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({label: value.decode() for label, value in needles.items()}, fh)
-    skip = {os.path.realpath(p) for p in (args.needles, args.expand, *args.skip) if p}
-    findings = scan([p for p in args.paths if os.path.exists(p)], needles, args.allow, skip)
+        write_private(args.expand, needles)
+    skip = {os.path.realpath(p) for p in (*args.needles, args.expand, args.found, *args.skip) if p}
+    paths = [p for p in args.paths if os.path.exists(p)]
+    found = secret_files(paths, args.secret_file, skip)
+    if args.found:
+        write_private(args.found, found)
+    findings = scan(paths, {**needles, **found}, args.allow + args.secret_file, skip)
+    needles.update(found)
     print(json.dumps({"needles": len(needles), "findings": findings}))
     return 1 if findings else 0
 
