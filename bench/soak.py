@@ -165,12 +165,15 @@ def trained(text: str) -> list[tuple[float, int]]:
             for stamp, epoch, batch, per in TRAINED.findall(text)]
 
 
-def per_attempt(logs: list[str]) -> dict[int, dict]:
-    """For each attempt, over every unit log: its last step and when, its first step's time,
+def per_attempt(logs: list[tuple[str, str]], attempts: list[dict] | None = None) -> dict[int, dict]:
+    """For each attempt, over the unit logs (host, text) of its nodes as the record names them
+    (every node's where no record is given): its last step and when, its first step's time,
     and the step it resumed from."""
     out: dict[int, dict] = {}
-    for log in logs:
+    for host, log in logs:
         for attempt, text in attempt_parts(log).items():
+            if attempts is not None and (attempt > len(attempts) or host not in attempts[attempt - 1]["nodes"]):
+                continue
             row = out.setdefault(attempt, {"reached": None, "last_at": None, "first_at": None, "resumed": None})
             steps = trained(text)
             if steps:
@@ -182,6 +185,20 @@ def per_attempt(logs: list[str]) -> dict[int, dict]:
             if resumed and row["resumed"] is None:
                 row["resumed"] = int(resumed[1] or resumed[2])
     return out
+
+
+def outside(logs: list[tuple[str, str]], attempts: list[dict]) -> list[str]:
+    """Training that the run's record does not have: a node whose guard went on with an attempt
+    of its own (a split brain), or trained in an attempt that the record runs without it."""
+    found = []
+    for host, log in logs:
+        for attempt, text in attempt_parts(log).items():
+            steps = trained(text)
+            if steps and (attempt > len(attempts) or host not in attempts[attempt - 1]["nodes"]):
+                found.append(f"{host} trained {len(steps)} steps in an attempt {attempt} that the record "
+                             + ("does not have" if attempt > len(attempts) else
+                                f"runs on {', '.join(attempts[attempt - 1]['nodes'])}"))
+    return found
 
 
 # --- the nodes ------------------------------------------------------------------------------------
@@ -316,14 +333,14 @@ class Nodes:
         found = TRAINED.search(text)
         return seconds(found[1]) if found else None
 
-    def logs(self, run_id: str) -> list[str]:
-        """Every unit log of the run, read on the nodes (every attempt, after its banner)."""
+    def logs(self, run_id: str) -> list[tuple[str, str]]:
+        """Every unit log of the run, read on the nodes (every attempt, after its banner), with its host."""
         logs = []
         for host in NODES:
             listing = on_node(host, f"ls {RUNS}/{run_id} 2>/dev/null", timeout=30).split()
             for name in listing:
                 if re.fullmatch(r"rank-\d+\.log", name):
-                    logs.append(on_node(host, f"cat {RUNS}/{run_id}/{name}", timeout=120))
+                    logs.append((host, on_node(host, f"cat {RUNS}/{run_id}/{name}", timeout=120)))
         return logs
 
     def leftovers(self, run_id: str) -> list[str]:
@@ -403,29 +420,33 @@ def stamp() -> str:
 
 
 def checksums(run_id: str) -> set[str]:
-    return {p.read_text().strip() for p in (FOLDER / "runs" / run_id).glob("checksum-rank-*.txt")}
+    """Every checksum that a rank wrote, as collected (beside the logs, or in a node's out folder)."""
+    return {p.read_text().strip() for p in (FOLDER / "runs" / run_id).rglob("checksum-rank-*.txt")}
 
 
-def clean_run(nodes: Nodes, run_id: str, process: subprocess.Popen, opts) -> tuple[int, dict, float]:
-    """A launch with no fault, to its end: (exit, its JSON, seconds per step of rank 0)."""
-    code, out = finish(process, timeout=4 * 3600)
-    steps = per_attempt(nodes.logs(run_id))
-    first = steps.get(1, {})
+def clean_run(nodes: Nodes, opts, run_id: str, epochs: int, restarts: int) -> tuple[int, dict, dict]:
+    """A launch with no fault, to its end: (exit, its JSON, its attempt: the steps it took
+    and seconds per step). Its checkpoint folder goes after it."""
+    folder = f"{CHECKPOINTS}/{run_id}"
+    code, out = finish(launch(run_id, opts, epochs, restarts, folder), timeout=4 * 3600)
+    for host in NODES:
+        on_node(host, f"rm -rf {folder}")
+    first = per_attempt(nodes.logs(run_id)).get(1, {})
     span = (first.get("last_at") or 0) - (first.get("first_at") or 0)
-    return code, out, span / max(1, (first.get("reached") or 1) - 1)
+    steps = first.get("reached") or 0
+    return code, out, {"steps": steps, "step_s": span / max(1, steps - 1)}
 
 
 def calibrate(nodes: Nodes, opts) -> int:
     """Epochs that train for TRAIN_SHARE of the soak, from a short run's pace."""
     run_id = f"soak-calibrate-{stamp()}"
     print(f"calibrating: {CALIBRATION_EPOCHS} epochs ({run_id})", flush=True)
-    code, out, step_s = clean_run(nodes, run_id, launch(run_id, opts, CALIBRATION_EPOCHS, 1,
-                                                        f"{CHECKPOINTS}/{run_id}"), opts)
-    if code != 0:
+    code, out, pace = clean_run(nodes, opts, run_id, CALIBRATION_EPOCHS, 1)
+    if code != 0 or not pace["steps"]:
         sys.exit(f"the calibration run failed (exit {code}): {out.get('error')}")
-    per_epoch = per_attempt(nodes.logs(run_id))[1]["reached"] / CALIBRATION_EPOCHS
-    epochs = max(1, math.ceil(opts.minutes * 60 * TRAIN_SHARE / (step_s * per_epoch)))
-    print(f"  {step_s * 1000:.1f} ms a step, {per_epoch:.0f} steps an epoch: {epochs} epochs", flush=True)
+    per_epoch = pace["steps"] / CALIBRATION_EPOCHS
+    epochs = max(1, math.ceil(opts.minutes * 60 * TRAIN_SHARE / (pace["step_s"] * per_epoch)))
+    print(f"  {pace['step_s'] * 1000:.1f} ms a step, {per_epoch:.0f} steps an epoch: {epochs} epochs", flush=True)
     return epochs
 
 
@@ -441,17 +462,15 @@ def reference(nodes: Nodes, opts, epochs: int, restarts: int) -> dict:
     run_id = f"soak-reference-{stamp()}"
     print(f"reference: {run_id}, no faults ({key})", flush=True)
     started = time.time()
-    code, out, step_s = clean_run(nodes, run_id, launch(run_id, opts, epochs, restarts, f"{CHECKPOINTS}/{run_id}"),
-                                  opts)
+    code, out, pace = clean_run(nodes, opts, run_id, epochs, restarts)
     attempts = (out.get("run") or {}).get("attempts") or []
     sums = checksums(run_id)
     if code != 0 or len(attempts) != 1 or len(sums) != 1:
         sys.exit(f"the reference run {run_id} is no reference: exit {code}, {len(attempts)} attempts, "
                  f"checksums {sums}: {out.get('error')}")
-    known[key] = {"run_id": run_id, "checksum": sums.pop(), "seconds": round(time.time() - started, 1),
-                  "step_s": step_s, "steps": per_attempt(nodes.logs(run_id))[1]["reached"]}
+    known[key] = {"run_id": run_id, "checksum": sums.pop(), "seconds": round(time.time() - started, 1), **pace}
     path.write_text(json.dumps(known, indent=1))
-    print(f"  {known[key]['steps']} steps in {known[key]['seconds']:.0f}s", flush=True)
+    print(f"  {pace['steps']} steps in {known[key]['seconds']:.0f}s", flush=True)
     return known[key]
 
 
@@ -461,10 +480,10 @@ def reference(nodes: Nodes, opts, epochs: int, restarts: int) -> dict:
 class Soak:
     """One run under faults: injects them on schedule and waits for each to be survived."""
 
-    def __init__(self, nodes: Nodes, opts, run_id: str, process: subprocess.Popen, folder: str, total: int,
-                 step_s: float):
+    def __init__(self, nodes: Nodes, opts, run_id: str, process: subprocess.Popen, folder: str, epochs: int,
+                 train_s: float):
         self.nodes, self.opts, self.run_id, self.process, self.folder = nodes, opts, run_id, process, folder
-        self.total, self.step_s = total, step_s
+        self.epochs, self.train_s = epochs, train_s
         self.t0 = time.time()
 
     def say(self, text: str) -> None:
@@ -488,11 +507,15 @@ class Soak:
             time.sleep(1)
         return None
 
-    def step_now(self, master: str) -> int:
+    def done(self, master: str) -> float:
+        """The share of the run's training done, as the master's rank last logged it."""
         tail = on_node(master, f"cd {RUNS}/{self.run_id} && for f in rank-*.log; do case $f in *.attempt-*) ;; "
                                "*) tail -n 3 $f;; esac; done", timeout=20)
-        steps = trained(tail)
-        return steps[-1][1] if steps else 0
+        found = TRAINED.findall(tail)
+        if not found:
+            return 0.0
+        _, epoch, batch, per = found[-1]
+        return ((int(epoch) - 1) * int(per) + int(batch) + 1) / (self.epochs * int(per))
 
     def inject_all(self, faults: list[Fault]) -> list[Fault]:
         deadline = self.t0 + self.opts.minutes * 60
@@ -511,7 +534,7 @@ class Soak:
             if not got:
                 break
             job = got[0]
-            left = (self.total - self.step_now(job["master"])) * self.step_s
+            left = (1 - self.done(job["master"])) * self.train_s
             if left < 90:
                 self.say(f"{left:.0f}s of training left: no more faults")
                 break
@@ -646,7 +669,7 @@ def table(rows: list[dict], t0: float) -> str:
 
 
 def verdict(code: int, out: dict, rows: list[dict], attempts: list[dict], sums: set[str], ref: dict,
-            left: list[str], faults: list[Fault]) -> list[tuple[str, bool, str]]:
+            left: list[str], faults: list[Fault], elsewhere: list[str]) -> list[tuple[str, bool, str]]:
     """Each check: (what, passed, the detail)."""
     checks = []
     error = (out.get("error") or {}).get("message", "")
@@ -666,6 +689,8 @@ def verdict(code: int, out: dict, rows: list[dict], attempts: list[dict], sums: 
         problems.append("the last attempt did not end well")
     checks.append(("every attempt is on the record with its cause", not problems,
                    "; ".join([f"{len(attempts)} attempts", *problems])))
+    checks.append(("no node trained outside the run's recorded attempts (no split brain)", not elsewhere,
+                   "; ".join(elsewhere) or "none"))
     checks.append(("nothing left on any node (containers, processes, guards, locks)", not left,
                    "; ".join(left) or "none"))
     return checks
@@ -704,7 +729,8 @@ def parse(argv: list[str]):
     p.add_argument("--checkpoint-every", type=int, default=200)
     p.add_argument("--node-timeout", type=int, default=10, help="launch_node_timeout")
     p.add_argument("--rejoin-timeout", type=int, default=90, help="launch_rejoin_timeout: longer than any hold")
-    p.add_argument("--min-nodes", type=int, default=1, help="launch_min_nodes")
+    p.add_argument("--min-nodes", type=int, default=2,
+                   help="launch_min_nodes: a majority, so that a node cut off alone cannot go on by itself")
     p.add_argument("--plan", action="store_true", help="print the schedule and stop")
     p.add_argument("--down", action="store_true", help="remove the soak's cluster and stop")
     opts = p.parse_args(argv)
@@ -739,7 +765,7 @@ def main(argv: list[str]) -> int:
     nodes.mount(folder)
     print(f"soak: {run_id}, {epochs} epochs, faults for {opts.minutes:g} minutes", flush=True)
     process = launch(run_id, opts, epochs, restarts, folder)
-    soak = Soak(nodes, opts, run_id, process, folder, ref["steps"], ref["step_s"])
+    soak = Soak(nodes, opts, run_id, process, folder, epochs, ref["steps"] * ref["step_s"])
     done: list[Fault] = []
     try:
         done = soak.inject_all(faults)
@@ -762,8 +788,9 @@ def main(argv: list[str]) -> int:
     nodes.unmount(folder)
     summary = FOLDER / "runs" / run_id / "summary.json"
     attempts = (json.loads(summary.read_text()) if summary.exists() else out.get("run") or {}).get("attempts") or []
-    rows = analyse(done, attempts, per_attempt(nodes.logs(run_id)), ref["step_s"])
-    checks = verdict(code, out, rows, attempts, checksums(run_id), ref, left, done)
+    logs = nodes.logs(run_id)
+    rows = analyse(done, attempts, per_attempt(logs, attempts), ref["step_s"])
+    checks = verdict(code, out, rows, attempts, checksums(run_id), ref, left, done, outside(logs, attempts))
     report(opts, run_id, soak.t0, ended, ref, rows, checks, done)
     (FOLDER / "runs" / run_id / "soak.json").write_text(json.dumps(
         {"faults": [asdict(f) for f in done], "rows": rows, "checks": checks, "reference": ref}, indent=1))
