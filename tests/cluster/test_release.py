@@ -49,7 +49,14 @@ def release(tmp_path_factory):
     env["TORCHFLEET_STATE_DIR"] = ENV["TORCHFLEET_STATE_DIR"]
     work = base / "work"
     work.mkdir()
-    return {"venv": venv, "env": env, "work": work, "collections": collections, "wheel": wheel}
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    return {"venv": venv, "env": env, "work": work, "collections": collections, "wheel": wheel, "site": site,
+            "installed": installed(site)}
+
+
+def installed(site):
+    """Every path of the installed package (its collection included), as a set."""
+    return {str(p.relative_to(site)) for p in (site / "torchfleet").rglob("*") if "__pycache__" not in p.parts}
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +91,9 @@ def test_the_installed_wheel_plans_launches_and_lists_runs_from_any_folder(relea
     (entry,) = [r for r in runs["runs"] if r["run_id"] == run_id]
     assert entry["state"] == "succeeded" and entry["local"]
 
-    # Nothing of the user's went into the installed package.
-    site = next((release["venv"] / "lib").glob("python3*/site-packages"))
-    written = [p for name in ("runs", ".torchfleet", "inventory") for p in site.rglob(name) if p.is_dir()
-               and "inventory/example" not in str(p)]
-    assert written == []
+    # Nothing of the user's went into the installed package: it holds what it was installed with.
+    assert installed(release["site"]) == release["installed"]
+    assert (work / "runs").is_dir() and not (release["site"] / "torchfleet" / "runs").exists()
 
 
 def test_the_installed_collection_provisions_the_nodes_with_ansible_playbook(release, user_inventory):
