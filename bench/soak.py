@@ -269,12 +269,17 @@ class Nodes:
         run("docker", "network", "connect", "--ip", self.address[host], "--alias", host, NAME, container(host))
 
     def kill_rank(self, host: str) -> str:
-        """SIGKILL to the rank's own process: the one its guard forked (a group of its own)
-        under the guard that docker-init started in the rank container."""
+        """SIGKILL to the rank's own process: under the guard that docker-init started in the
+        rank container (forked by it, or by its fork server in a later attempt), the one that
+        leads a process group of its own."""
         table = [line.split(None, 3) for line in on_node(host, "ps -eo pid=,ppid=,pgid=,args=").splitlines()]
         init = {pid for pid, _, _, args in table if args.startswith("/sbin/docker-init") and "/out/guard.py" in args}
         guards = {pid for pid, ppid, _, args in table if ppid in init and "/out/guard.py" in args}
-        ranks = [pid for pid, ppid, pgid, _ in table if ppid in guards and pgid == pid]
+        under, grew = set(guards), True
+        while grew:
+            more = {pid for pid, ppid, _, _ in table if ppid in under} - under
+            under, grew = under | more, bool(more)
+        ranks = [pid for pid, _, pgid, _ in table if pid in under - guards and pgid == pid]
         if len(ranks) != 1:
             raise RuntimeError(f"{host}: no single rank process under a guard: {table}")
         on_node(host, f"kill -9 {ranks[0]}", check=True)
@@ -428,7 +433,14 @@ def clean_run(nodes: Nodes, opts, run_id: str, epochs: int, restarts: int) -> tu
     """A launch with no fault, to its end: (exit, its JSON, its attempt: the steps it took
     and seconds per step). Its checkpoint folder goes after it."""
     folder = f"{CHECKPOINTS}/{run_id}"
-    code, out = finish(launch(run_id, opts, epochs, restarts, folder), timeout=4 * 3600)
+    process = launch(run_id, opts, epochs, restarts, folder)
+    try:
+        code, out = finish(process, timeout=4 * 3600)
+    except BaseException:
+        # As Ctrl-C would: the launch stops every rank and collects (SIGINT may be ignored here).
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=300)
+        raise
     for host in NODES:
         on_node(host, f"rm -rf {folder}")
     first = per_attempt(nodes.logs(run_id)).get(1, {})
@@ -774,7 +786,7 @@ def main(argv: list[str]) -> int:
     except BaseException:
         nodes.undo()
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
+            os.killpg(process.pid, signal.SIGTERM)
             finish(process, timeout=300)
         raise
     finally:
