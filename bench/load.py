@@ -12,9 +12,9 @@ Suites:
   guard      tests/unit/test_guard.py, test_guard_sync.py, test_guard_report.py (real guards
              on this machine, with stand-ins for torch where the test says so)
   restarts   tests/unit/test_guard_restarts.py (three real guards and their store on loopback)
-  recovery   tests/recovery/test_recovery.py (three docker hosts of their own: slower; its
-             cluster's name and subnet follow TORCHFLEET_TEST_PREFIX and
-             TORCHFLEET_TEST_SUBNET_BASE, see tests/recovery/conftest.py)
+  recovery   tests/recovery: test_recovery.py, test_store_forgery.py and test_thawed_node.py
+             (three docker hosts of their own: slower; its cluster's name and subnet follow
+             TORCHFLEET_TEST_PREFIX and TORCHFLEET_TEST_SUBNET_BASE, see tests/recovery/conftest.py)
 
 Run from the repository root with the venv active:
 
@@ -43,7 +43,8 @@ import xml.etree.ElementTree as ET
 SUITES = {
     "guard": ["tests/unit/test_guard.py", "tests/unit/test_guard_sync.py", "tests/unit/test_guard_report.py"],
     "restarts": ["tests/unit/test_guard_restarts.py"],
-    "recovery": ["tests/recovery/test_recovery.py"],
+    "recovery": ["tests/recovery/test_recovery.py", "tests/recovery/test_store_forgery.py",
+                 "tests/recovery/test_thawed_node.py"],
 }
 # A round's part of a test's id: alone, or beside the test's own parameters.
 ROUND = re.compile(r"\[round-\d+\]$|(?<=\[)round-\d+-|-round-\d+(?=[-\]])")

@@ -41,10 +41,13 @@ GUARD_SOURCES = (GUARD_SOURCE, "guard_policy.py", "guard_child.py", "guard_store
 # The run's end on the node (module_utils/run_end.py: collect_run) and its read (run_read.py:
 # run_state with a run id), with the modules they import, copied the same way: the actions
 # run them there as scripts, without Ansible's module wrapper (plugin_utils/node_script.py).
+# A container node's start also leaves run_reap.py running there, which removes the exited
+# containers of units whose guard's node stood still and came back.
 END_SOURCE = "run_end.py"
 READ_SOURCE = "run_read.py"
-SCRIPT_SOURCES = (END_SOURCE, READ_SOURCE, "rank_docker.py", "loader_libraries.py", "rank_files.py", "out_folder.py",
-                  "run_folder.py", "workload_files.py")
+REAP_SOURCE = "run_reap.py"
+SCRIPT_SOURCES = (END_SOURCE, READ_SOURCE, REAP_SOURCE, "rank_docker.py", "loader_libraries.py", "rank_files.py",
+                  "out_folder.py", "run_folder.py", "workload_files.py")
 NODE_SOURCES = GUARD_SOURCES + SCRIPT_SOURCES  # every file of the collection that a run's folder holds
 JOB = "job.json"  # the run's state, as the guard hosting the store (on the master) writes it
 STOP = "stop"  # a stop asked for (torchfleet stop); its text is the reason

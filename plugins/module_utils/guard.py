@@ -119,8 +119,10 @@ class Guard(Attempts, HostChecks):
         self.owner: int | None = None
         self.moving = False
         # Set once this guard itself stood still (its node paused) for a node timeout: the
-        # store's silence is then its own, and it never takes a lost master's place.
+        # store's silence is then its own, and it never takes a lost master's place. The
+        # watchdog's mark is when its last sleep began.
         self.stood_still = False
+        self.watch_mark: float | None = None
         # The host's: when its loop last went round, and how long it last stood still and
         # when that ended (see _host_stood_still).
         self.loop_mark = time.monotonic()
@@ -146,7 +148,15 @@ class Guard(Attempts, HostChecks):
     def finish(self, code: int, state: str, why: str | None = None, abort: dict | None = None) -> int:
         """The guard's end, recorded; the watchdog, which ends a guard on its own, leaves it be."""
         self.ending.acquire(blocking=False)
+        self._note_standing_still()
         return self.records.finish(code, state, why, abort)
+
+    def _note_standing_still(self) -> None:
+        """The record says whether this guard's node stood still and came back (run_reap then
+        removes the unit's container): also where the loop ends the guard before the
+        watchdog, asleep since before the pause, has looked."""
+        if self.watch_mark is not None and time.monotonic() - self.watch_mark > self.node_timeout:
+            self.stood_still = self.state["stood_still"] = True
 
     # -- the child --
 
@@ -384,10 +394,9 @@ class Guard(Attempts, HostChecks):
 
     def _watchdog(self, gen: int) -> None:
         while self.link.gen == gen:
-            slept = time.monotonic()
+            self.watch_mark = time.monotonic()
             time.sleep(self.poll)
-            if time.monotonic() - slept > self.node_timeout:
-                self.stood_still = True
+            self._note_standing_still()
             silent = time.monotonic() - self.last_ok
             # A loop held in a store op (a frozen master) still obeys a stop on its own node,
             # before the store counts as lost.
@@ -464,6 +473,7 @@ class Guard(Attempts, HostChecks):
             state, why = vocab.UnitState.STOPPED.value, abort["reason"]
         if not self.is_host:
             # On disk first: the store may be what is gone, and an op on it may block.
+            self._note_standing_still()
             self.records.finish(final, state, why, abort)
             if self.store is not None:
                 guard_store.bounded(lambda: self.link.record_exit(self.attempt, final), 2 * self.poll + 1)

@@ -41,6 +41,7 @@ class HostChecks:
         gap = time.monotonic() - self.loop_mark
         if gap <= self.node_timeout:
             return None
+        self.state["stood_still"] = True  # its node's containers are run_reap's once it ends
         moved_to = self.link.successor() if self._restarts_left() else None
         # From after the look for a successor, which may take seconds.
         now = time.monotonic()

@@ -230,7 +230,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker, rank_start
+from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_docker, rank_start, run_reap
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.run_folder import (
     RUN_STATE_ARGS,
@@ -271,6 +271,8 @@ def main():
             except RuntimeError as exc:
                 module.fail_json(msg=str(exc), invocation=invocation)
             done["changed"] = done["changed"] or bool(done["started"])
+            # A guard cannot remove its own container: this removes those whose node comes back.
+            run_reap.spawn(os.path.join(runs_dir, p["run_id"]), done["started"])
         module.exit_json(**done, invocation=invocation)
     if p["run_id"]:
         module.exit_json(**one_run(os.path.join(runs_dir, p["run_id"]), p["state"], p["reason"], p["tail_lines"],

@@ -244,9 +244,11 @@ def test_a_lost_worker_is_left_out_and_the_ranks_are_renumbered(cluster):
     assert first["cause"]["kind"] == "node_lost" and first["cause"]["host"] == "node-2"
     assert second["nodes"] == ["node-1", "node-3"] and second["world_size"] == 2
     assert "saw RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 TORCHFLEET_RESTART_COUNT=1" in c.log(2)
-    # Back again, the lost node's guard finds the run gone on without it, and ends.
+    # Back again, the lost node's guard finds the run gone on without it, and ends, saying that
+    # its node stood still (its container is then run_reap's to remove).
     c.procs[1].wait(30)
     assert c.record(1)["state"] == "left_out", c.procs[1].stderr.read()[-3000:]
+    assert c.record(1)["stood_still"] is True
 
 
 def test_too_few_nodes_left_ends_the_run(cluster):
@@ -281,6 +283,7 @@ def test_a_lost_master_hands_the_run_to_the_next_node(cluster):
     c.procs[0].wait(30)
     old = c.job(0)
     assert old["state"] == "moved" and old["moved_to"] == "node-2", old
+    assert c.record(0)["stood_still"] is True
 
 
 def test_the_plan_renumbers_in_node_order_and_keeps_each_units_count_of_ranks():
