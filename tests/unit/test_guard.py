@@ -561,10 +561,11 @@ def test_a_record_left_running_by_a_killed_guard_reads_as_gone(tmp_path):
     assert info["state"] == "exited"
 
 
-def _phased_guards(tmp_path, master_script: str, worker_script: str,
+def _phased_guards(tmp_path, master_script: str, worker_script: str, wrap_worker: bool = False,
                    **settings) -> tuple[Path, list[subprocess.Popen]]:
     """Two real guards with torch's TCPStore: unit 0, the master's rank, hosts the store and
-    listens on a port of its own; unit 1 starts after it (the spec's ``after``)."""
+    listens on a port of its own; unit 1 starts after it (the spec's ``after``), wrapped in a
+    shell where ``wrap_worker`` (a unit its guard does not fork, as mpirun)."""
     run, port = guard_folder(tmp_path)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -581,9 +582,10 @@ def _phased_guards(tmp_path, master_script: str, worker_script: str,
         scripts.append(tmp_path / f"unit{i}.py")
         scripts[-1].write_text(source.replace("PORT", str(listen_port)).replace("DIR", str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    wrapper = {1: ["sh", "-c", 'exec "$0" "$@"']} if wrap_worker else {}
     procs = [subprocess.Popen([sys.executable, str(run / run_vocab.GUARD_SOURCE), str(run / "guard.json"), str(i), "--",
-                               sys.executable, str(scripts[i])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=env, cwd=tmp_path) for i in (1, 0)]
+                               *wrapper.get(i, []), sys.executable, str(scripts[i])], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=env, cwd=tmp_path) for i in (1, 0)]
     return run, procs
 
 
@@ -634,6 +636,21 @@ def test_a_unit_of_a_later_phase_starts_only_once_the_master_listens(tmp_path):
     assert record["state"] == "exited" and "waiting_for" not in record and "not_started" not in record
     # The unit that ran is the process forked before the guard's store threads started.
     assert held == [str(record["pid"])]
+
+
+def test_a_unit_of_a_later_phase_that_is_not_forked_starts_from_the_fork_server(tmp_path):
+    """A unit that its guard does not fork (a command of its own, as mpirun) cannot be forked
+    before the guard's threads and held: it starts once the master listens, from the fork
+    server, which has none of the guard's threads."""
+    pytest.importorskip("torch.distributed")
+    worker = WORKER + ("import os\nopen('DIR/worker_parent', 'w').write(str(os.getppid()) + ' '"
+                       " + str(len(os.listdir(f'/proc/{os.getppid()}/task'))))\n")
+    run, procs = _phased_guards(tmp_path, MASTER_LISTENS_LATE, worker, wrap_worker=True)
+    assert _exits(procs) == [0, 0]
+    assert float((tmp_path / "worker_started").read_text()) >= float((tmp_path / "listening").read_text())
+    parent, threads = (int(x) for x in (tmp_path / "worker_parent").read_text().split())
+    assert parent != procs[0].pid and threads == 1
+    assert json.loads((run / "guard-1.json").read_text())["state"] == "exited"
 
 
 def test_a_unit_waiting_for_a_master_that_failed_never_starts(tmp_path):
