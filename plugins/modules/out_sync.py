@@ -115,7 +115,7 @@ def main():
     files = listing(run_dir, p["own"])
     reads, skipped = changes(run_dir, files, p["have"], p["max_bytes"], p["max_file_bytes"])
     module.exit_json(changed=False, found=True, run=run, spec=spec, chunks=read_chunks(run_dir, reads),
-                     skipped=skipped, files=[len(files), sum(size for size, _ in files.values())])
+                     skipped=skipped, files=[len(files), sum(entry[0] for entry in files.values())])
 
 
 if __name__ == "__main__":
