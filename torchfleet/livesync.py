@@ -265,8 +265,11 @@ class LiveSync:
     def variables(self) -> dict[str, Any]:
         hosts = sorted({r["host"] for r in (self.spec or {}).get("ranks") or []})
         # Named as the launch role's internal facts, which the inventory's check never takes for a user's.
+        # Until the spec says which files are torchfleet's (the run's store key among them), no
+        # node sends a byte.
         return {"launch_run_id": self.run_id, "launch__sync": {
-            "spec": self.spec is None, "max_bytes": self.max_bytes, "max_file_bytes": self.max_file_bytes,
+            "spec": self.spec is None, "max_bytes": self.max_bytes if self.spec else 0,
+            "max_file_bytes": self.max_file_bytes,
             "own": {h: outputs.own_files(self.spec, h) for h in hosts} if self.spec else {},
             "have": {h: held(self.out_root / h, self.digests.get(h, {})) for h in hosts}}}
 
@@ -282,7 +285,6 @@ class LiveSync:
             if event.get("event") == "runner_on_ok" and str(data.get("task_action", "")).endswith("out_sync"):
                 answers[data["host"]] = data.get("res") or {}
 
-        # Until the spec says which files are torchfleet's, a node's files are not taken.
         knew_spec = self.spec is not None
         result, _ = self.cluster._run(runner.playbook("sync"), f"sync {self.run_id}", self.variables(), hook=keep)
         unreachable = sorted({f.host for f in result.failures if f.unreachable})

@@ -100,6 +100,19 @@ def test_torchfleets_own_files_dot_files_links_and_large_files_stay_on_the_node(
     assert skipped == [["huge.bin", 5000]]
 
 
+def test_until_the_runs_spec_is_known_no_node_sends_a_byte(tmp_path):
+    """The first round learns which files are torchfleet's (the run's store key among them)."""
+    class Cluster:
+        runs_dir = tmp_path / "runs"
+
+    asked = livesync.LiveSync(Cluster, "r1", tmp_path / "view").variables()["launch__sync"]
+    assert asked["spec"] is True and asked["max_bytes"] == 0
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.key").write_bytes(b"k" * 32)
+    assert node_round(node, {}, max_bytes=asked["max_bytes"]) == ([], [])
+
+
 def test_the_controller_takes_only_plain_relative_paths_and_appends_only_where_its_copy_ends(tmp_path):
     def chunk(path, offset, data):
         return {"path": path, "offset": offset, "data": base64.b64encode(data).decode(), "size": 0, "mtime_ns": 10**18,
