@@ -82,7 +82,7 @@ TRAIN_SHARE = 0.75
 BANNER = re.compile(r"^\[torchfleet guard\] attempt (\d+) of \d+", re.M)
 TRAINED = re.compile(r"^(\S+Z) .*\] Train Epoch: (\d+) \[(\d+)/(\d+) ", re.M)
 RESUMED = re.compile(r"\] (?:resumed from step (\d+) |starting from step (0): )")
-LEFTOVER = re.compile(r"/out/guard\.py|mnist\.py")
+LEFTOVER = re.compile(r"/out/guard\.py|run_reap\.py|mnist\.py")
 
 
 def seconds(stamp: str) -> float:
