@@ -101,6 +101,12 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
         units += ctx.units
         if ctx.files:
             files[host] = ctx.files
+    # A listen matters only to the units that start after it: one that no unit waits for (a
+    # run of one rank, or of one node) has no deadline to meet, and no wait before it.
+    waited = {j for after in start_after(units) for j in after}
+    for j, unit in enumerate(units):
+        if j not in waited:
+            unit.listen = None
     guard = _guard(job, table, units, nodes)
     for node_files in (files.setdefault(h, {}) for h in by_host):
         node_files[run_vocab.GUARD_CONFIG] = _json(guard)
