@@ -379,7 +379,7 @@ def serve(logdir: Path, host: str = "localhost", port: int = 6006, reload_s: flo
         import tensorboard  # noqa: F401  # pylint: disable=unused-import
     except ImportError:
         raise TorchfleetError("torchfleet tensorboard needs the tensorboard package in this Python: "
-                              "pip install tensorboard") from None
+                              "pip install 'torchfleet[tensorboard]'") from None
     log = logdir.parent / "tensorboard.log"
     with open(log, "wb") as out:
         # --load_fast=false: TensorBoard's own Python reader, which reads the links of the layout.
