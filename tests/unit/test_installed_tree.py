@@ -123,3 +123,14 @@ def test_the_wheel_carries_the_files_the_collection_build_takes(tmp_path):
     with tarfile.open(tarball) as tar:
         built = {m.name for m in tar.getmembers() if not m.isdir()} - {"MANIFEST.json", "FILES.json"}
     assert set(module.collection_files(ROOT)) - {"galaxy.yml"} == built
+
+
+def test_the_changelog_and_its_fragments_are_what_antsibull_changelog_reads():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = shutil.which("antsibull-changelog") or str(Path(sys.executable).parent / "antsibull-changelog")
+    done = subprocess.run([tool, "lint"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
