@@ -8,7 +8,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils import core  # noqa: F401  # pylint: disable=unused-import
-from torchfleet import attempts, cpus, hosts, inputs, modes, outputs, overlay, preflight, ranks, redact, settings, slurm
+from torchfleet import attempts, cpus, hosts, inputs, modes, outputs, overlay, preflight, ranks, redact, settings, site_state, slurm
 from torchfleet.errors import InventoryError
 
 
@@ -259,6 +259,7 @@ class FilterModule:
             "plan_lines": plan_lines,
             "pinning_checks": pinning_checks,
             "same_machine_checks": hosts.same_identity_checks,
+            "site_plan": site_state.plan,
             "taken_port_check": taken_port_check,
             "overlay_state": _wrap(overlay_state),
             "overlay_unreachable": _wrap(overlay_unreachable),

@@ -12,8 +12,21 @@ description:
     usable CPUs, addresses and routing tables (the controller looks up the route to
     MASTER_ADDR in them), and on request the paths it lacks, the ports that listen, and
     the runs of a job whose bare-process ranks still run.
+  - site.yml reads each node with it once too, before anything changes - which machine the node is,
+    and its record of the roles that converged there - and skips every role whose record holds.
 author: torchfleet developers (!UNKNOWN)
 options:
+  network:
+    description:
+      - Read the node's addresses and routing tables (I(ip_addr), I(routes)). site.yml's probe needs
+        neither.
+    type: bool
+    default: true
+  site_record:
+    description:
+      - The node's record of the roles that converged there (M(torchfleet.cluster.site_record) writes it).
+        It comes back as I(site_record), with what the record's checks read now.
+    type: path
   facts:
     description:
       - Also set C(ansible_all_ipv4_addresses) and C(ansible_default_ipv4) as the setup
@@ -86,12 +99,20 @@ nproc:
   type: int
 ip_addr:
   description: C(ip -j addr show)'s output.
-  returned: always
+  returned: with network
   type: str
 routes:
   description: Every IPv4 and IPv6 route of every table (C(ip -j route show table all)), for torchfleet.netif.route_device.
-  returned: always
+  returned: with network
   type: list
+site_record:
+  description:
+    - With I(site_record), the record (C(recorded), null where there is none) and what its checks read now
+      (C(observed)), C(engine) (whether the engine answers, null where no role asks), C(images) (the image ID each
+      recorded name names, null where none) and C(paths) (each recorded path's size and modification time, null where
+      it is gone), for torchfleet.site_state.plan.
+  returned: with site_record
+  type: dict
 topology:
   description: lscpu's table and the node's allowed CPUs and memory nodes, as M(torchfleet.cluster.cpu_topology) returns them.
   returned: with topology
@@ -158,7 +179,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries, rank_docker
+from ansible_collections.torchfleet.cluster.plugins.module_utils import loader_libraries, rank_docker, role_checks
 from ansible_collections.torchfleet.cluster.plugins.module_utils.cpu_readings import topology
 from ansible_collections.torchfleet.cluster.plugins.module_utils.rank_files import find
 
@@ -281,6 +302,8 @@ def containers(module, ask):
 def main():
     module = AnsibleModule(
         argument_spec={
+            "network": {"type": "bool", "default": True},
+            "site_record": {"type": "path"},
             "facts": {"type": "bool", "default": False},
             "topology": {"type": "bool", "default": False},
             "python": {"type": "path"},
@@ -302,13 +325,19 @@ def main():
               "missing": [path for path in p["paths"] if not os.path.exists(path)], "listening": []}
     if p["ports"]:
         result["listening"] = sorted(listening_ports([_read("/proc/net/tcp"), _read("/proc/net/tcp6")]) & set(p["ports"]))
-    _rc, addr, _err = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
-    result["ip_addr"] = addr
-    result["routes"] = []
-    for family in (4, 6):
-        # A node without IPv6 has no table to show: that family has no routes, not an error.
-        rc, out, _err = module.run_command(["ip", "-j", f"-{family}", "route", "show", "table", "all"])
-        result["routes"] += [route_fields(r, family) for r in json.loads(out or "[]") if routable(r)] if rc == 0 else []
+    if p["network"] or p["facts"]:
+        _rc, addr, _err = module.run_command(["ip", "-j", "addr", "show"], check_rc=True)
+    if p["network"]:
+        result["ip_addr"] = addr
+        result["routes"] = []
+        for family in (4, 6):
+            # A node without IPv6 has no table to show: that family has no routes, not an error.
+            rc, out, _err = module.run_command(["ip", "-j", f"-{family}", "route", "show", "table", "all"])
+            result["routes"] += [route_fields(r, family) for r in json.loads(out or "[]") if routable(r)] if rc == 0 else []
+    if p["site_record"]:
+        recorded = role_checks.read(p["site_record"])
+        result["site_record"] = {"recorded": recorded,
+                                 "observed": role_checks.observe(module, *role_checks.recorded_checks(recorded))}
     if p["facts"]:
         rc, out, _err = module.run_command(["ip", "-j", "-4", "route", "get", "8.8.8.8"])
         result["ansible_facts"] = {"ansible_all_ipv4_addresses": ipv4_addresses(addr),
