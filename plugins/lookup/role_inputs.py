@@ -71,7 +71,8 @@ class LookupModule(LookupBase):
 
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
-        roles_dir = os.path.normpath(self.get_option("roles_dir"))
+        # The checkout's collection links to its roles: one folder, whichever way it is named.
+        roles_dir = os.path.realpath(self.get_option("roles_dir"))
         key = site_state.digest_key(workdir.state_dir(os.getcwd()))
         code = site_state.code_state([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                       site_state.package_folder()])
