@@ -17,7 +17,9 @@ description:
 author: torchfleet developers (!UNKNOWN)
 options:
   path:
-    description: The record's file on the node.
+    description:
+      - The record's file on the node (site.yml's is C(site.json) in C(launch_node_dir)); its folder is made
+        where it is missing.
     type: path
     required: true
   roles:
