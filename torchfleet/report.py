@@ -411,9 +411,13 @@ def _how_it_failed(summary: Mapping[str, Any], reason: str | None) -> str:
             message += f"\n--- last lines of rank 0 on {master['host']} ---\n{master['log_tail']}"
         return message + note
     how = _how_it_ended(c["exit_code"])
+    # A unit that its scheduler let go of (a cancelled Slurm step) was stopped by its own
+    # guard: its exit code is the guard's, and the abort says what happened.
+    if abort.get("cause") and abort.get("host") == c["host"]:
+        how = f"{how} after {abort['cause']}"
     return (
-        f"rank {c['rank']} on {c['host']} {how}; the other ranks were stopped and no rank "
-        f"container is left. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}{note}"
+        f"rank {c['rank']} on {c['host']} {how}; the other ranks were stopped and none is left "
+        f"running. Log: {c['log']}\n--- last lines of rank {c['rank']} ---\n{c['log_tail']}{note}"
     )
 
 

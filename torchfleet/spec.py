@@ -107,7 +107,7 @@ def build(job: Mapping[str, Any], table: Mapping[str, Any], nodes: Mapping[str, 
     for j, unit in enumerate(units):
         if j not in waited:
             unit.listen = None
-    guard = _guard(job, table, units, nodes)
+    guard = _guard(job, table, units, nodes, mode)
     for node_files in (files.setdefault(h, {}) for h in by_host):
         node_files[run_vocab.GUARD_CONFIG] = _json(guard)
     built = LaunchSpec(
@@ -162,7 +162,7 @@ def guard_settings(job: Mapping[str, Any], master_port: int) -> dict[str, float]
 
 
 def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
-           nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+           nodes: Mapping[str, Mapping[str, Any]], mode: modes.LaunchMode) -> dict[str, Any]:
     """The guard's config, and every unit's command wrapped in its guard. The master's first
     unit to start hosts the store, on the cluster address, on its own port."""
     settings = guard_settings(job, table["master_port"])
@@ -191,6 +191,7 @@ def _guard(job: Mapping[str, Any], table: Mapping[str, Any], units: list[Unit],
         "stop_grace": settings["stop_grace"], "start_timeout": settings["start_timeout"],
         "listen_timeout": settings["master_wait_timeout"],
         "stop_wait": settings["stop_wait"], "peer_error": PEER_ERROR_RE.pattern,
+        "parent_holds_unit": bool(mode.scheduler and mode.scheduler.parent_holds_unit),
         "units": [{"name": u.name, "host": u.host, "role": u.role, "ranks": u.ranks, "service": u.role == "sshd",
                    "heartbeat": u.env.get("TORCHFLEET_HEARTBEAT"), "log": _log(u), "attempt": u.attempt,
                    "listen": u.listen, "after": after}

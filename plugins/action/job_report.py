@@ -47,7 +47,9 @@ class ActionModule(ActionBase):
         # Each rank's row holds its own part; this is the rest (units, phases, warnings).
         summary["spec"] = {k: v for k, v in args["spec"].items() if k != "ranks"}
         summary["outputs"] = {o["host"]: o for o in args["outputs"]}
-        summary.update(mode.summary(Path(args["run_dir"])))
+        added = mode.summary(Path(args["run_dir"]))
+        note = "\n".join(n for n in (summary.get("note"), added.pop("note", None)) if n)
+        summary.update(added, note=note or None)
         path = report.write_summary(summary, args["run_dir"])
         plot = report.plot_losses(summary, args["run_dir"])
         table = report.format_table(summary)

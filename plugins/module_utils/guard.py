@@ -95,6 +95,8 @@ class Guard(Attempts, HostChecks):
         self.after_keys = [vocab.listening_key(i) for i in self.after]
         self.listen_state = "waiting" if self.unit.get("listen") else None
         self.signalled: int | None = None
+        # The parent whose end is the unit's (config parent_holds_unit), as it was at the start.
+        self.parent = os.getppid() if config.get("parent_holds_unit") else None
         # How the wait after a failure that blames a peer stands.
         self.peer_error = re.compile(config["peer_error"], re.IGNORECASE) if config.get("peer_error") else None
         self.peer_wait: dict | None = None
@@ -382,6 +384,8 @@ class Guard(Attempts, HostChecks):
             return self.set_abort(dict(policy.abort_for_exit(self.unit, policy.exit_code(code)), index=self.index))
         if self.signalled:
             return self.set_abort(policy.signalled(self.unit, self.signalled))
+        if self.parent is not None and os.getppid() != self.parent:
+            return self.set_abort(dict(policy.parent_gone(self.unit, self.parent), index=self.index))
         if self.proc.waiting:
             if all(self.link.said(key) for key in self.after_keys):
                 self.start_child()

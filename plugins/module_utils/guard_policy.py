@@ -127,7 +127,7 @@ CRASH_LOOP_S = 60.0
 
 
 def restartable(abort: dict) -> bool:
-    return abort.get("kind") in vocab.RESTARTABLE
+    return abort.get("kind") in vocab.RESTARTABLE and not abort.get("final")
 
 
 def node_units(units: list[dict], host: str) -> list[int]:
@@ -193,6 +193,8 @@ def restart_refused(abort: dict, attempts: list[dict], max_restarts: int, hosts:
     still answer), or None: another attempt starts."""
     if abort.get("kind") == vocab.AbortKind.STOPPED:
         return "a stop on request is not restarted"
+    if abort.get("final"):
+        return f"{abort.get('reason')}: not restarted"
     if not restartable(abort):
         return f"a {abort.get('kind')} is not restarted"
     used = max(0, len(attempts) - 1)
@@ -223,6 +225,15 @@ def signalled(unit: dict, signum: int) -> dict:
     """The abort of a guard that got SIGTERM, SIGINT or SIGHUP."""
     return {"kind": vocab.AbortKind.STOPPED.value, "host": unit["host"], "unit": unit["name"],
             "reason": f"{who(unit)} got signal {signum}"}
+
+
+def parent_gone(unit: dict, parent: int) -> dict:
+    """The abort of a guard whose parent, the scheduler's process that holds its unit (a Slurm
+    step's shell), ended: the step was cancelled or its slurmstepd is gone. The unit failed,
+    and the run ends there, since the scheduler no longer holds it (``final``)."""
+    cause = f"its scheduler's step ended (the process that held it, pid {parent}, is gone)"
+    return {"kind": vocab.AbortKind.RANK_FAILED.value, "host": unit["host"], "unit": unit["name"], "final": True,
+            "cause": cause, "reason": f"{who(unit)}: {cause}"}
 
 
 def store_limit(connected: bool, node_timeout: float, start_timeout: float) -> float:

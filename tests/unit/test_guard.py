@@ -562,10 +562,12 @@ def test_a_record_left_running_by_a_killed_guard_reads_as_gone(tmp_path):
 
 
 def _phased_guards(tmp_path, master_script: str, worker_script: str, wrap_worker: bool = False,
-                   **settings) -> tuple[Path, list[subprocess.Popen]]:
+                   held_by_shell: bool = False, **settings) -> tuple[Path, list[subprocess.Popen]]:
     """Two real guards with torch's TCPStore: unit 0, the master's rank, hosts the store and
     listens on a port of its own; unit 1 starts after it (the spec's ``after``), wrapped in a
-    shell where ``wrap_worker`` (a unit its guard does not fork, as mpirun)."""
+    shell where ``wrap_worker`` (a unit its guard does not fork, as mpirun). Where
+    ``held_by_shell``, unit 1's guard runs under a shell that waits for it, as a Slurm step's
+    shell does (procs[0] is then that shell)."""
     run, port = guard_folder(tmp_path)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -583,8 +585,10 @@ def _phased_guards(tmp_path, master_script: str, worker_script: str, wrap_worker
         scripts[-1].write_text(source.replace("PORT", str(listen_port)).replace("DIR", str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     wrapper = {1: ["sh", "-c", 'exec "$0" "$@"']} if wrap_worker else {}
-    procs = [subprocess.Popen([sys.executable, str(run / run_vocab.GUARD_SOURCE), str(run / "guard.json"), str(i), "--",
-                               *wrapper.get(i, []), sys.executable, str(scripts[i])], stdout=subprocess.DEVNULL,
+    holder = {1: ["sh", "-c", '"$0" "$@"; echo "guard ended: $?"']} if held_by_shell else {}
+    procs = [subprocess.Popen([*holder.get(i, []), sys.executable, str(run / run_vocab.GUARD_SOURCE),
+                               str(run / "guard.json"), str(i), "--", *wrapper.get(i, []), sys.executable,
+                               str(scripts[i])], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=env, cwd=tmp_path) for i in (1, 0)]
     return run, procs
 
@@ -694,4 +698,66 @@ def test_a_unit_of_a_later_phase_starts_once_the_master_finished_without_listeni
     run, procs = _phased_guards(tmp_path, "print('rank 0 alone')\n", WORKER)
     assert _exits(procs) == [0, 0]
     assert (tmp_path / "worker_started").exists()
+    assert json.loads((run / "job.json").read_text())["state"] == "succeeded"
+
+
+def test_a_unit_whose_schedulers_step_ended_fails_the_run_naming_it(tmp_path):
+    """A Slurm step's shell killed (the step cancelled, its slurmstepd gone) leaves its guard
+    and unit running outside the step. With parent_holds_unit, the guard counts its parent's
+    end as its unit's failure: the run ends at once, blaming that unit; both guards end and no
+    unit is left. (That such an abort is never restarted: test_guard_policy.)"""
+    pytest.importorskip("torch.distributed")
+    master = "import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', PORT)); s.listen()\ntime.sleep(120)\n"
+    worker = "import os, time\nopen('DIR/worker_pid', 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    run, procs = _phased_guards(tmp_path, master, worker, held_by_shell=True, parent_holds_unit=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "worker_pid").exists():
+            assert time.monotonic() < deadline, "the worker's unit never started"
+            time.sleep(0.05)
+        held = Path(f"/proc/{procs[0].pid}/task/{procs[0].pid}/children").read_text().split()
+        assert len(held) == 1, "the shell holds the worker's guard"
+        guard_pid = int(held[0])
+        procs[0].kill()
+        started = time.monotonic()
+        assert procs[1].wait(60) == 143
+        ended_in = time.monotonic() - started
+    finally:
+        for p in procs:
+            p.kill()
+    unit_pid = int((tmp_path / "worker_pid").read_text())
+    for pid in (guard_pid, unit_pid):
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert ended_in < 10, "the master's guard waited for a node timeout instead"
+    job = json.loads((run / "job.json").read_text())
+    assert job["state"] == "failed"
+    assert (job["abort"]["kind"], job["abort"]["unit"]) == ("rank_failed", "tf-r-rank1")
+    assert "its scheduler's step ended" in job["abort"]["reason"]
+    worker_record = json.loads((run / "guard-1.json").read_text())
+    # Its own failure (the master's guard says "stopped"): its unit ended by its guard's SIGTERM.
+    assert (worker_record["state"], worker_record["exit_code"]) == ("exited", 143)
+    assert json.loads((run / "guard-0.json").read_text())["state"] == "stopped"
+
+
+def test_a_guard_without_parent_holds_unit_outlives_its_parent(tmp_path):
+    """The process mode's guard is started by a module that exits at once: its parent's end
+    means nothing there, and the run finishes."""
+    pytest.importorskip("torch.distributed")
+    master = "import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', PORT)); s.listen()\ntime.sleep(3)\n"
+    worker = "import time\nopen('DIR/worker_started', 'w').write('1')\ntime.sleep(3)\n"
+    run, procs = _phased_guards(tmp_path, master, worker, held_by_shell=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "worker_started").exists():
+            assert time.monotonic() < deadline, "the worker's unit never started"
+            time.sleep(0.05)
+        procs[0].kill()
+        assert procs[1].wait(60) == 0
+        deadline = time.monotonic() + 60
+        while json.loads((run / "guard-1.json").read_text()).get("state") not in ("exited", "failed", "stopped"):
+            assert time.monotonic() < deadline, "the worker's guard never ended"
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            p.kill()
     assert json.loads((run / "job.json").read_text())["state"] == "succeeded"

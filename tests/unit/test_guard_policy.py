@@ -22,6 +22,13 @@ def test_a_signal_to_the_guard_is_a_stop_naming_its_unit():
                                           "reason": "rank 1 on node-2 got signal 15"}
 
 
+def test_a_guard_whose_schedulers_step_ended_blames_its_own_unit_for_good():
+    abort = policy.parent_gone(RANK, 4242)
+    assert (abort["kind"], abort["host"], abort["unit"], abort["final"]) == ("rank_failed", "node-2", "tf-r-rank1", True)
+    assert abort["reason"] == f"rank 1 on node-2: {abort['cause']}" and "pid 4242" in abort["cause"]
+    assert not policy.restartable(abort) and policy.attempt_end(True, abort, True, True) == "final"
+
+
 @pytest.mark.parametrize("restarts_left, kind, member, host, then", [
     (False, "rank_failed", True, False, "final"),
     (True, "stopped", True, False, "final"),        # a stop on request is never restarted

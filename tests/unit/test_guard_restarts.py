@@ -309,6 +309,8 @@ def test_the_plan_renumbers_in_node_order_and_keeps_each_units_count_of_ranks():
     ({"kind": "rank_failed"}, 2, ["a", "b"], "no restarts left (2 of 2 used)"),
     ({"kind": "node_lost"}, 0, ["a"], "only 1 node answers (a); launch_min_nodes=2"),
     ({"kind": "node_lost"}, 0, ["a", "b"], None),
+    # A unit its scheduler let go of (a Slurm step ended) is not the guards' to start again.
+    ({"kind": "rank_failed", "final": True, "reason": "its step ended"}, 0, ["a", "b"], "its step ended: not restarted"),
 ])
 def test_when_the_run_ends_instead_of_restarting(abort, used, hosts, why):
     attempts = [{"attempt": k + 1, "cause": {"kind": "node_lost", "reason": f"r{k}"}} for k in range(used)]

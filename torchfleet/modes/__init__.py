@@ -36,6 +36,11 @@ class Scheduler:
     master, through ``sh``; the scheduler_job action drives them, and the launch role
     reaches them only through that action, by the unit kind."""
 
+    # Whether the scheduler's process that starts a unit (a Slurm step's shell) stays its
+    # guard's parent while the scheduler holds the unit: the guard then counts its parent's
+    # end (a cancelled step, a slurmstepd gone) as its unit's failure, and ends the run.
+    parent_holds_unit = False
+
     def test(self, sh: Shell, spec: Mapping[str, Any], nodes: Mapping[str, Any]) -> str:
         """What the scheduler says of the spec's job (``nodes``: launch_spec's), or the
         InventoryError that names the variable to change."""
@@ -99,7 +104,8 @@ class LaunchMode:
         return {}
 
     def summary(self, run_dir: Path) -> dict[str, Any]:
-        """What the mode adds to the run's summary, from the files collected into ``run_dir``."""
+        """What the mode adds to the run's summary, from the files collected into ``run_dir``;
+        a ``note`` is added to the run's own."""
         return {}
 
     def chosen_by(self, job: Mapping[str, Any]) -> str:

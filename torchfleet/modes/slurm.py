@@ -12,6 +12,7 @@ places and runs the steps.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from pathlib import Path
@@ -339,6 +340,9 @@ POLL_S = 1.0
 class SlurmJobs(Scheduler):
     """The run's sbatch job, on the master: sbatch --test-only, sbatch, squeue, scancel."""
 
+    # Each guard runs under its step's shell (STEP_SHELL runs it without exec).
+    parent_holds_unit = True
+
     def test(self, sh, spec, nodes):
         """sbatch --test-only on the script (on its stdin): Slurm checks the request against its
         partitions and nodes and says when it would start, creating no job."""
@@ -472,7 +476,23 @@ class Slurm(Process):
 
     def summary(self, run_dir: Path) -> dict[str, Any]:
         path = Path(run_dir) / JOB_ID
-        return {"slurm_job_id": path.read_text().strip() if path.is_file() else None}
+        out: dict[str, Any] = {"slurm_job_id": path.read_text().strip() if path.is_file() else None}
+        said = steps_ended(Path(run_dir) / BATCH_LOG)
+        if said:
+            out["note"] = "Slurm: " + "; ".join(said)
+        return out
+
+
+# slurmstepd's words on a step it ended itself (scancel, a time limit, memory), in the batch log.
+_STEP_ENDED = re.compile(r"^slurmstepd\S*: error: \*\*\* (.+?) \*\*\*\s*$", re.MULTILINE)
+
+
+def steps_ended(batch_log: Path) -> list[str]:
+    """What Slurm said of the steps it ended, from the batch log collected with the run."""
+    try:
+        return _STEP_ENDED.findall(batch_log.read_text(errors="replace"))
+    except OSError:
+        return []
 
 
 register(Slurm())
