@@ -22,7 +22,8 @@ Run from the repository root with the venv active:
     python bench/load.py --rounds 5 recovery      # the recovery cases 5 times
     python bench/load.py --hog 0 restarts         # no hog: the same rounds on a quiet machine
 
-Exit status 0 when every run of every test passed. ``--json FILE`` writes the counts.
+Exit status 0 when every run of every test passed. ``--json FILE`` writes the counts; each suite's
+pytest output and its tests' temporary folders stay in ``--keep DIR`` (default: a new folder).
 """
 
 from __future__ import annotations
@@ -87,12 +88,17 @@ def outcomes(report: str) -> dict[str, list[str]]:
 
 
 def run_suite(name: str, rounds: int, folder: str) -> tuple[dict[str, list[str]], float, int]:
+    """The suite's rounds; pytest's output (``NAME.log``), its report and each test's temporary
+    folder (what a failed test's guards wrote) are kept in ``folder``."""
     report = os.path.join(folder, f"{name}.xml")
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "load_rounds", "--rounds", str(rounds),
-                           "-p", "no:cacheprovider", f"--junitxml={report}", *SUITES[name]],
+                           "-p", "no:cacheprovider", f"--junitxml={report}",
+                           f"--basetemp={os.path.join(folder, name + '-tmp')}", *SUITES[name]],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.monotonic() - started
+    with open(os.path.join(folder, f"{name}.log"), "w") as fh:
+        fh.write(done.stdout)
     tail = done.stdout.strip().splitlines()[-60:]
     if done.returncode not in (0, 1):
         print("\n".join(tail))
@@ -109,22 +115,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="stress-ng CPU workers (0: none)")
     parser.add_argument("--json", help="write the counts here")
+    parser.add_argument("--keep", help="the folder for each suite's output and temporary folders (default: a new one "
+                                       "under the system's temporary folder)")
     args = parser.parse_args()
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
         parser.error(f"no suite {', '.join(unknown)}; the suites are {', '.join(SUITES)}")
     results = {}
-    with tempfile.TemporaryDirectory(prefix="load-") as folder:
-        for suite in args.suites:
-            hog = start_hog(args.hog)
-            try:
-                found, seconds, code = run_suite(suite, args.rounds, folder)
-            finally:
-                stop_hog(hog)
-            load = os.getloadavg()[0]
-            results[suite] = {"seconds": round(seconds), "pytest_exit": code, "load_1min_at_end": round(load, 1),
-                              "tests": {t: {"runs": len(o), "passed": o.count("passed"),
-                                            "outcomes": dict(collections.Counter(o))} for t, o in found.items()}}
+    folder = args.keep or tempfile.mkdtemp(prefix="load-")
+    os.makedirs(folder, exist_ok=True)
+    for suite in args.suites:
+        hog = start_hog(args.hog)
+        try:
+            found, seconds, code = run_suite(suite, args.rounds, folder)
+        finally:
+            stop_hog(hog)
+        load = os.getloadavg()[0]
+        results[suite] = {"seconds": round(seconds), "pytest_exit": code, "load_1min_at_end": round(load, 1),
+                          "tests": {t: {"runs": len(o), "passed": o.count("passed"),
+                                        "outcomes": dict(collections.Counter(o))} for t, o in found.items()}}
     ok = True
     for suite, result in results.items():
         tests = result["tests"]
@@ -137,6 +146,7 @@ def main() -> int:
             mark = "" if counts["passed"] + counts["outcomes"].get("skipped", 0) == counts["runs"] else "   <--"
             print(f"  {counts['passed']:>3}/{counts['runs']:<3} {test}{mark}")
         ok = ok and result["pytest_exit"] == 0 and runs == passed + skipped and runs > 0
+    print(f"\noutput, reports and the tests' temporary folders: {folder}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rounds": args.rounds, "hog_workers": args.hog, "suites": results}, fh, indent=1)
