@@ -127,7 +127,7 @@ def run_word(word):
     """A word of a run's vocabulary (module_utils/run_vocab) by its class and member, such as
     ``RunState.RUNNING``: tasks compare a run's states and outcomes with these, never with
     words of their own."""
-    kind, _, member = str(word).partition(".")
+    kind, _dot, member = str(word).partition(".")
     words = getattr(run_vocab, kind, None)
     if not (isinstance(words, type) and issubclass(words, run_vocab._Word) and member in words.__members__):
         raise AnsibleFilterError(f"run_word: {word!r} names no word of a run (the collection's module_utils.run_vocab)")

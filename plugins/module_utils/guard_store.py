@@ -85,7 +85,7 @@ class SignedStore:
         without a good MAC is replaced, so that a forged value cannot take a key's place."""
         mine = self.sign(name, value)
         expected: bytes | str = ""
-        for _ in range(100):
+        for _attempt in range(100):
             current = self.raw.compare_set(name, expected, mine)
             if current == mine:
                 return self.opened(name, current)
@@ -281,4 +281,3 @@ def within(fn, timeout: float):
 def bounded(fn, timeout: float) -> None:
     """Run a store op that may block for ever (a frozen host), for at most ``timeout``."""
     within(fn, timeout)
-

@@ -27,7 +27,9 @@ options:
     choices: [container, process, scheduler]
     required: true
   run:
-    description: The run's folder as M(torchfleet.cluster.run_state) makes it (C(node_dir), C(run_id), C(files), C(dirs), C(keep), C(owner), C(group), C(workload)).
+    description:
+      - The run's folder as M(torchfleet.cluster.run_state) makes it.
+      - C(node_dir), C(run_id), C(files), C(dirs), C(keep), C(owner), C(group), C(workload).
     type: dict
     required: true
   units:
