@@ -81,13 +81,29 @@ def test_the_image_archive_counts_by_size_and_time_without_being_read(tmp_path):
 
 def test_changed_code_changes_every_digest(tmp_path):
     (tmp_path / "m.py").write_text("x = 1\n")
-    (tmp_path / "__pycache__").mkdir()
-    (tmp_path / "__pycache__" / "m.pyc").write_bytes(b"compiled")
     code = site_state.code_state([tmp_path])
-    assert [rel for rel, _size, _mtime in code[0]] == ["m.py"]
     (tmp_path / "m.py").write_text("x = 22\n")
     assert role_input("dataset", DATASET, code=code)["digest"] != \
         role_input("dataset", DATASET, code=site_state.code_state([tmp_path]))["digest"]
+
+
+def test_the_same_code_installed_elsewhere_gives_the_same_digests(tmp_path):
+    # A checkout, and the wheel's copy of it: other times, compiled files, and the collection
+    # the wheel bundles inside the package (its plugins count as the plugins).
+    checkout, installed = tmp_path / "a" / "torchfleet", tmp_path / "b" / "torchfleet"
+    for folder in (checkout, installed):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "m.py").write_text("x = 1\n")
+        (folder / "sub" / "n.py").write_text("y = 2\n")
+    os.utime(installed / "m.py", ns=(1, 2))
+    (installed / "__pycache__").mkdir()
+    (installed / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"compiled")
+    (installed / "collections" / "plugins").mkdir(parents=True)
+    (installed / "collections" / "plugins" / "p.py").write_text("z = 3\n")
+    assert site_state.code_state([checkout]) == site_state.code_state([installed])
+    (installed / "sub" / "collections").mkdir()  # only the top level's is the bundle
+    (installed / "sub" / "collections" / "c.py").write_text("")
+    assert site_state.code_state([checkout]) != site_state.code_state([installed])
 
 
 def _key_in(state_dir, queue):
