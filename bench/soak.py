@@ -49,6 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torchfleet
+from torchfleet import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "files" / "workloads" / "mnist.py"
@@ -62,6 +63,9 @@ ENV = {"TORCHFLEET_STATE_DIR": str(STATE), "TORCHFLEET_ENGINE_SEED": f"{PREFIX}-
 CLI = str(Path(sys.executable).parent / "torchfleet")
 NODES = ("node-1", "node-2", "node-3")
 RUNS = "/var/lib/torchfleet/runs"
+# Every rank's log on a node (a shell pattern), and one of them (a name in a listing).
+RANK_LOGS = run_vocab.rank_log("*")  # type: ignore[arg-type]
+RANK_LOG = re.compile(re.escape(run_vocab.rank_log(0)).replace("0", r"\d+"))
 CHECKPOINTS = "/var/lib/torchfleet/soak"
 # Four checkpoints of 0.9 MB fit (two kept, one being written, one arriving in a sync).
 TMPFS = "8m"
@@ -320,7 +324,7 @@ class Nodes:
         for host in NODES:
             if paused(host):
                 continue
-            text = on_node(host, f"cat {RUNS}/{run_id}/job.json 2>/dev/null", timeout=20)
+            text = on_node(host, f"cat {RUNS}/{run_id}/{run_vocab.JOB} 2>/dev/null", timeout=20)
             try:
                 job = json.loads(text)
             except ValueError:
@@ -334,7 +338,7 @@ class Nodes:
     def first_step(self, run_id: str, host: str, attempt: int) -> float | None:
         """When the unit on ``host`` first trained in ``attempt`` (its own copy of that
         attempt's lines, from attempt 2 on)."""
-        name = "rank-*.log" if attempt == 1 else f"rank-*.attempt-{attempt}.log"
+        name = RANK_LOGS if attempt == 1 else run_vocab.attempt_log(RANK_LOGS, attempt)
         text = on_node(host, f"grep -h -m1 'Train Epoch' {RUNS}/{run_id}/{name} 2>/dev/null", timeout=20)
         found = TRAINED.search(text)
         return seconds(found[1]) if found else None
@@ -345,7 +349,7 @@ class Nodes:
         for host in NODES:
             listing = on_node(host, f"ls {RUNS}/{run_id} 2>/dev/null", timeout=30).split()
             for name in listing:
-                if re.fullmatch(r"rank-\d+\.log", name):
+                if RANK_LOG.fullmatch(name):
                     logs.append((host, on_node(host, f"cat {RUNS}/{run_id}/{name}", timeout=120)))
         return logs
 
@@ -358,12 +362,12 @@ class Nodes:
             found += [f"{host}: container {line}" for line in names.splitlines()]
             procs = on_node(host, "ps -eo pid=,args=").splitlines()
             found += [f"{host}: process {line.strip()[:120]}" for line in procs if LEFTOVER.search(line)]
-            states = on_node(host, f"cd {RUNS}/{run_id} 2>/dev/null && for f in guard-*.json; do "
+            states = on_node(host, f"cd {RUNS}/{run_id} 2>/dev/null && for f in {run_vocab.GUARD_RECORDS}; do "
                                    "printf '%s ' $f; python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))"
                                    "[\"state\"])' $f; done")
             found += [f"{host}: record {line}" for line in states.splitlines()
                       if line.split()[-1] not in ("exited", "stopped", "left_out")]
-            locks = on_node(host, f"cd {RUNS}/{run_id} 2>/dev/null && for f in guard-*.lock; do "
+            locks = on_node(host, f"cd {RUNS}/{run_id} 2>/dev/null && for f in {run_vocab.GUARD_LOCKS}; do "
                                   "flock -n -x $f true || echo $f; done")
             found += [f"{host}: lock {line} held" for line in locks.split()]
         return found
@@ -427,7 +431,7 @@ def stamp() -> str:
 
 def checksums(run_id: str) -> set[str]:
     """Every checksum that a rank wrote, as collected (beside the logs, or in a node's out folder)."""
-    return {p.read_text().strip() for p in (FOLDER / "runs" / run_id).rglob("checksum-rank-*.txt")}
+    return {p.read_text().strip() for p in (FOLDER / "runs" / run_id).rglob(run_vocab.checksum_file("*"))}
 
 
 def clean_run(nodes: Nodes, opts, run_id: str, epochs: int, restarts: int) -> tuple[int, dict, dict]:
@@ -522,7 +526,7 @@ class Soak:
 
     def done(self, master: str) -> float:
         """The share of the run's training done, as the master's rank last logged it."""
-        tail = on_node(master, f"cd {RUNS}/{self.run_id} && for f in rank-*.log; do case $f in *.attempt-*) ;; "
+        tail = on_node(master, f"cd {RUNS}/{self.run_id} && for f in {RANK_LOGS}; do case $f in *.attempt-*) ;; "
                                "*) tail -n 3 $f;; esac; done", timeout=20)
         found = TRAINED.findall(tail)
         if not found:
@@ -799,7 +803,7 @@ def main(argv: list[str]) -> int:
         time.sleep(60)
         left = nodes.leftovers(run_id)
     nodes.unmount(folder)
-    summary = FOLDER / "runs" / run_id / "summary.json"
+    summary = FOLDER / "runs" / run_id / run_vocab.SUMMARY
     attempts = (json.loads(summary.read_text()) if summary.exists() else out.get("run") or {}).get("attempts") or []
     logs = nodes.logs(run_id)
     rows = analyse(done, attempts, per_attempt(logs, attempts), ref["step_s"])

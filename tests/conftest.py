@@ -5,8 +5,15 @@ the API and CLI tests run first, and the fault matrix then starts from nodes wit
 running (its clean_start)."""
 
 import pytest
+from ansible.plugins.loader import init_plugin_loader
 
-from harness import NAME, SUBNET, cli, local_cluster, local_cluster_down
+from harness import ROOT
+from harness.cluster import NAME, SUBNET, cli, local_cluster, local_cluster_down
+
+# Ansible's collection finder, before any test imports the collection, as in ansible-test's
+# units: installed later (a render in this process, torchfleet plan --format), it would find
+# the collection's packages imported without their metadata, and the modules would fail.
+init_plugin_loader([str(ROOT / "collections")])
 
 
 @pytest.fixture(scope="session")

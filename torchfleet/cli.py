@@ -410,7 +410,8 @@ def _print_hosts(result: api.PlaybookResult) -> None:
 def _print_run(run: api.RunResult) -> None:
     table = Table("rank", "host", "exit", "outcome", "duration", "steps", "last loss", "cpuset", "mems",
                   title=f"run {run.run_id}  (master {run.master})")
-    colour = {"ok": "green", "failed": "red", "missing": "red", "stopped": "yellow", "left out": "dim"}
+    colour = {vocab.RankOutcome.OK: "green", vocab.RankOutcome.FAILED: "red", vocab.RankOutcome.MISSING: "red",
+              vocab.RankOutcome.STOPPED: "yellow", vocab.RankOutcome.LEFT_OUT: "dim"}
     for r in run.ranks:
         table.add_row(str(r.rank), r.host, "-" if r.exit_code is None else str(r.exit_code),
                       f"[{colour.get(r.outcome, 'white')}]{r.outcome}[/]",

@@ -156,7 +156,7 @@ def run_name(path: str, host: str, ranks: list[int], attempt: int | None) -> str
     than one), then the attempt where the run restarts (``attempt`` None where it does not)."""
     parts = list(PurePosixPath(path).parent.parts)
     if not any(RANK_FOLDER.fullmatch(p) for p in parts):
-        parts.append(f"rank-{ranks[0]}" if len(ranks) == 1 else host)
+        parts.append(vocab.rank_unit(ranks[0]) if len(ranks) == 1 else host)
     return "/".join(parts + ([f"attempt-{attempt}"] if attempt is not None else []))
 
 

@@ -52,6 +52,19 @@ def ansible_config(project: Path | None) -> Path:
     return Path(str(resources.files("torchfleet") / "ansible.cfg"))
 
 
+def collection_paths(project: Path | None) -> list[str]:
+    """ansible.cfg's collections_path (:func:`ansible_config`), a relative folder taken from
+    the file's own, as Ansible takes it: where this torchfleet's collection is found."""
+    import configparser
+
+    config = ansible_config(project)
+    parser = configparser.ConfigParser()
+    parser.read(config)
+    paths = parser.get("defaults", "collections_path", fallback="")
+    base = config.absolute().parent
+    return [str((base / p).resolve()) if p.startswith(".") else os.path.expanduser(p) for p in paths.split(":") if p]
+
+
 PRIVATE_PREFIX = "torchfleet-runner-"
 PLAYBOOK_CHILD = str(Path(sys.executable).parent / "torchfleet-ansible-playbook")
 # Seconds ansible-playbook gets to stop its workers before it is killed.

@@ -3,8 +3,8 @@
 
 import pytest
 
-from harness import ENV, NAME, SUBNET, TORCHFLEET, cli, mark_folder
-from harness import node_sh as _node_sh
+from harness.cluster import ENV, NAME, SUBNET, TORCHFLEET, cli, mark_folder
+from harness.cluster import node_sh as _node_sh
 
 __all__ = ["ENV", "NAME", "SUBNET", "TORCHFLEET", "cli", "node_sh"]
 

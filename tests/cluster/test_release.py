@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import ENV, ROOT
+from harness import ROOT
+from harness.cluster import ENV
 
 
 def run(argv, cwd, env, timeout=600):

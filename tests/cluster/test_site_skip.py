@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import ENV, NAME, ROOT, node_sh
+from harness import ROOT
+from harness.cluster import ENV, NAME, node_sh
 
 IMAGE = "torchfleet/train:2.13.0-cpu"
 DATASET_FILE = "/var/lib/torchfleet/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"

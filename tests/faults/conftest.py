@@ -9,7 +9,8 @@ import time
 import pytest
 
 import torchfleet
-from harness import NAME, ROOT, ClusterCli, finish, mark_folder, ssh_args
+from harness import ROOT
+from harness.cluster import NAME, ClusterCli, finish, mark_folder, ssh_args
 
 WORKLOAD = ROOT / "tests" / "fixtures" / "workloads" / "faults" / "faults.py"
 # Short enough to keep the matrix quick, long enough for two cores shared with the nodes.

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness import NAME
+from harness.cluster import NAME
 
 from .conftest import NODE_TIMEOUT, WORKLOAD, ended_at, finish
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import ENV, ROOT, ClusterCli, local_cluster, local_cluster_down, mark_folder
-from harness import finish as harness_finish
+from harness import ROOT
+from harness.cluster import ENV, ClusterCli, local_cluster, local_cluster_down, mark_folder
+from harness.cluster import finish as harness_finish
 
 # Apart from every molecule scenario's and the shared pytest cluster's, as molecule/README.md
 # names and addresses them, so that this stage can run in a lane beside the others.

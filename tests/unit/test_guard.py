@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import guard_folder, store_key
+from harness.guards import guard_folder, store_key
 from ansible_collections.torchfleet.cluster.plugins.module_utils import (guard, guard_child, guard_policy, guard_records,
                                                                  guard_store, run_folder, run_vocab)
 from torchfleet.report import PEER_ERROR_RE

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import guard_folder
+from harness.guards import guard_folder
 from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_policy, run_vocab
 
 pytest.importorskip("torch.distributed")

@@ -8,12 +8,17 @@ import pytest
 import yaml
 
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils.core import check_role_arguments, check_role_types
+from harness.inputs import LAUNCH_RENDERED, launch_values
 from torchfleet.errors import InventoryError
 
 SPEC = Path(__file__).resolve().parents[2] / "roles" / "launch" / "meta" / "argument_specs.yml"
 OPTIONS = yaml.safe_load(SPEC.read_text())["argument_specs"]["main"]["options"]
-# What the role's defaults give every host.
-REQUIRED = {"launch_dataset_dir": "/data", "launch_image": "train:1", "launch_runs_dir": "runs", "launch_workload": "w.py"}
+# What the role's defaults give every host, for the options the spec requires.
+REQUIRED = {k: LAUNCH_RENDERED[k] for k, o in OPTIONS.items() if o.get("required")}
+
+
+def test_the_roles_defaults_pass_the_roles_own_spec():
+    check_role_types(OPTIONS, launch_values(), "node-1")
 
 
 def test_values_of_the_right_types_pass():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness import launch_values, role_guard
+from harness.inputs import launch_values, role_guard
 from torchfleet import inputs, modes, preflight, report, spec
 from torchfleet.api import Plan
 from torchfleet.errors import InventoryError

@@ -2,7 +2,7 @@
 
 import json
 
-from harness import role_guard
+from harness.inputs import role_guard
 from torchfleet import spec
 from torchfleet.api import Plan
 from torchfleet.ranks import rank_table

@@ -16,7 +16,7 @@ from ansible_collections.torchfleet.cluster.plugins.action import launch_spec
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
 from ansible_collections.torchfleet.cluster.plugins.module_utils.out_folder import listing
 from ansible_collections.torchfleet.cluster.plugins.plugin_utils.core import check_role_types
-from harness import launch_values, role_guard
+from harness.inputs import LAUNCH_RENDERED, launch_values, role_guard
 from torchfleet import inputs, outputs
 from torchfleet.errors import InventoryError
 from torchfleet.ranks import rank_table
@@ -29,8 +29,7 @@ RUN_ID = "20261127-120000-cafe"
 NODE_DIR = "/srv/tfnode"
 HOSTS = [("node-1", "10.0.0.11"), ("node-2", "10.0.0.12"), ("node-3", "10.0.0.13")]
 # The role's required values, which argument_specs checks with the others.
-REQUIRED = {"launch_dataset_dir": "/data", "launch_image": "train:1", "launch_runs_dir": "runs",
-            "launch_workload": "w.py"}
+REQUIRED = {k: v for k, v in LAUNCH_RENDERED.items() if OPTIONS[k].get("required")}
 # What each restart variable must be by default (issue 40), and its key in the spec's guard block.
 RESTART = {"launch_max_restarts": ("max_restarts", 0), "launch_min_nodes": ("min_nodes", 0),
            "launch_restart_backoff": ("restart_backoff", 2), "launch_rejoin_timeout": ("rejoin_timeout", 5),

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness import guard_folder
+from harness.guards import guard_folder
 from ansible_collections.torchfleet.cluster.plugins.module_utils import run_folder, run_vocab
 from torchfleet import ranks, run_status
 

@@ -207,7 +207,7 @@ def test_a_playbook_whose_only_failures_are_the_lost_nodes_keeps_the_runs_verdic
 
 
 def test_the_waits_of_a_stop_follow_from_the_runs_own_settings():
-    from harness import role_guard
+    from harness.inputs import role_guard
 
     settings = spec.guard_settings({"guard": dict(role_guard(), stop_grace=60, node_timeout=4)}, 29500)
     assert settings["stop_wait"] == 4 + 60 + spec.STOP_MARGIN_S
@@ -215,7 +215,7 @@ def test_the_waits_of_a_stop_follow_from_the_runs_own_settings():
 
 
 def test_a_setting_the_run_lacks_is_named_not_defaulted():
-    from harness import role_guard
+    from harness.inputs import role_guard
     from torchfleet.errors import InventoryError
 
     given = role_guard()

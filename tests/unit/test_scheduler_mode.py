@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ROOT, launch_values, role_guard
+from harness import ROOT
+from harness.inputs import launch_values, role_guard
 from torchfleet import inputs, modes, spec
 from torchfleet.ranks import rank_table
 

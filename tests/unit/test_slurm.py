@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import role_guard
+from harness.inputs import role_guard
 from torchfleet import inputs, spec
 from torchfleet.errors import InventoryError
 from torchfleet.slurm import check_names, conf_nodes, controller, hardware, memory_mib, node_line, unready

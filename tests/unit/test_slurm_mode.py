@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import launch_values, role_guard
+from harness.inputs import launch_values, role_guard
 from ansible_collections.torchfleet.cluster.plugins.module_utils import rank_files
 from torchfleet import inputs, modes, report, spec
 from torchfleet.errors import InventoryError

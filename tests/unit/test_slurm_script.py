@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import role_guard
+from harness.inputs import role_guard
 from torchfleet import inputs, spec
 from torchfleet.errors import InventoryError
 from torchfleet.modes.slurm import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import role_guard
+from harness.inputs import role_guard
 from torchfleet import inputs, modes, preflight, spec
 from torchfleet.modes import context
 from torchfleet.errors import InventoryError

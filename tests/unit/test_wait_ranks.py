@@ -25,7 +25,9 @@ def waiter(host, statuses, units=(), **args):
     """A wait_ranks copy for one node whose ranks report ``statuses`` in turn (the last repeats),
     and whose guards recorded ``units`` (run_state's)."""
     task = Task()
-    task.args = {"labels": {"torchfleet.job": "unit"}, "expected": 1, "poll_interval": 0.05, **args}
+    # The master's listen: a loopback port where nothing listens.
+    task.args = {"labels": {"torchfleet.job": "unit"}, "expected": 1, "poll_interval": 0.05, "listen_host": "127.0.0.1",
+                 "listen_port": 9, "node_dir": "/n", "run_id": "r", **args}
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp"))
     action = ActionModule(task, connection, PlayContext(), None, None, None)
     calls = iter(statuses)
@@ -72,9 +74,10 @@ def test_success():
     assert result["outcome"] == "succeeded" and result["reason"] is None
 
 
-def test_the_timeout_fails_the_wait():
+def test_a_master_that_does_not_listen_within_the_timeout_fails_the_wait():
     result = waiter("node-1", [{"containers": [rank(0)]}], timeout=1)()
-    assert result["outcome"] == "failed" and result["reason"] == "no result after 1s (launch_timeout)"
+    assert result["outcome"] == "failed"
+    assert result["reason"] == "127.0.0.1:9 did not listen within 1s (launch_master_wait_timeout)"
 
 
 def test_a_node_whose_ranks_cannot_be_read_fails_with_the_modules_message():

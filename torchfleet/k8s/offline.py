@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from torchfleet import cpus, hosts, inputs, modes, ranks, spec, workload
+from torchfleet import cpus, hosts, inputs, modes, ranks, runner, spec, workload
 from torchfleet.errors import InventoryError
 from torchfleet.k8s import VARIABLES, Rendered, kubelet, render, variables
 from torchfleet.k8s.pod import NO_NODE
@@ -62,8 +62,8 @@ def read(inventory: Sequence[str | Path], extra_vars: Mapping[str, Any], project
     from ansible.vars.manager import VariableManager
 
     if AnsibleCollectionConfig.collection_finder is None:
-        # Lookups and filters by their collection's name, as in a play.
-        init_plugin_loader()
+        # Lookups and filters by their collection's name, found where a play finds them.
+        init_plugin_loader(runner.collection_paths(project))
     loader = DataLoader()
     found = InventoryManager(loader=loader, sources=[str(p) for p in inventory])
     group = str(extra_vars.get("launch_hosts_group") or "torchfleet_nodes")

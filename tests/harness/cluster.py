@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import torchfleet
+from harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TORCHFLEET = str(Path(sys.executable).parent / "torchfleet")
 # The two docker hosts that the API and CLI tests and the fault matrix share (tests/conftest.py);
 # every molecule scenario has a subnet of its own.
@@ -28,60 +28,6 @@ SUBNET = os.environ.get("TORCHFLEET_TEST_CLUSTER_SUBNET", "172.29.6.0/24")
 # (loading it is the molecule default and tls scenarios' test); without a seed, they load it.
 ENV = {"TORCHFLEET_STATE_DIR": str(ROOT / ".torchfleet"),
        "TORCHFLEET_ENGINE_SEED": f"{os.environ.get('TORCHFLEET_TEST_PREFIX', 'molecule')}-engine-seed"}
-
-
-def role_guard() -> dict:
-    """A launch's job["guard"] (torchfleet.spec.GUARD_VARIABLES) as the launch role's defaults set it."""
-    import yaml
-
-    from torchfleet.spec import GUARD_VARIABLES
-
-    defaults = yaml.safe_load((ROOT / "roles" / "launch" / "defaults" / "main.yml").read_text())
-    return {key: defaults[variable] for key, variable in GUARD_VARIABLES.items()}
-
-
-def launch_values(**over) -> dict:
-    """A node's launch variables as the launch_input action hands them to node_input: the
-    role's defaults where they matter, overridden by ``over``."""
-    base = {"launch_timeout": 0, "launch_poll_interval": 2, "launch_progress_interval": 30,
-            "launch_master_wait_timeout": 120, "launch_guard_port": 29510, "launch_guard_poll_interval": 0.5,
-            "launch_node_timeout": 10, "launch_stall_timeout": 0, "launch_stop_grace": 5, "launch_keep_runs": 10,
-            "launch_omp_num_threads": 0, "launch_collect_out_max_mb": 1024, "launch_mode": "container",
-            "launch_node_dir": "/var/lib/torchfleet", "launch_max_restarts": 0, "launch_min_nodes": 0,
-            "launch_restart_backoff": 2, "launch_rejoin_timeout": 5}
-    return dict(base, **over)
-
-
-def store_key(run: Path, key: str = "") -> str:
-    """The run's store key in the folder ``run``, as the launch writes it (0600); a new one
-    unless ``key`` is given (the nodes of one run share it)."""
-    import secrets
-
-    from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab
-
-    key = key or secrets.token_hex(32)
-    path = run / run_vocab.STORE_KEY
-    path.write_text(key)
-    path.chmod(0o600)
-    return key
-
-
-def guard_folder(tmp_path: Path, key: str = "") -> tuple[Path, int]:
-    """A run folder holding only what the launch writes there for the guards
-    (run_vocab.GUARD_SOURCES and the run's store key), and a free port on 127.0.0.1 for their store."""
-    import shutil
-    import socket
-
-    from ansible_collections.torchfleet.cluster.plugins.module_utils import guard, run_vocab
-
-    run = tmp_path / "run"
-    run.mkdir()
-    for name in run_vocab.GUARD_SOURCES:
-        shutil.copy(Path(guard.__file__).parent / name, run / name)
-    store_key(run, key)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return run, free.getsockname()[1]
 
 
 def mark_folder(items, conftest: str, marker: pytest.MarkDecorator) -> None:
