@@ -36,8 +36,13 @@ stage() {
   if [ "$rc" = 0 ]; then
     printf '    %s passed in %ss\n' "$name" $((SECONDS - t0))
   else
-    printf '\033[31m    %s FAILED (exit %s) in %ss; the end of its log:\033[0m\n' "$name" "$rc" $((SECONDS - t0))
-    tail -n 60 "$log" | sed 's/^/    | /'
+    printf '\033[31m    %s FAILED (exit %s) in %ss\033[0m\n' "$name" "$rc" $((SECONDS - t0))
+    # A molecule scenario's log ends with its destroy: what failed comes first, with the
+    # task above each failure and what it printed.
+    printf '    what failed:\n'
+    grep -n -B 3 -A 25 -E 'fatal: \[|FAILED! =>|^(FAILED|ERROR) tests/' "$log" | head -n 150 | sed 's/^/    | /' || true
+    printf '    the end of its log:\n'
+    tail -n 40 "$log" | sed 's/^/    | /'
   fi
 }
 
