@@ -19,6 +19,9 @@ Measured in one run, on a cluster of its own (torchfleet-bench):
     (the role uses the field library, not a shell `docker run`): a bare module run per
     node for the check, then one container per node, started detached, running `true`.
 
+Its cluster is ${TORCHFLEET_TEST_PREFIX}-bench on ${TORCHFLEET_TEST_SUBNET_BASE}.3.0/24 when
+those are set (torchfleet-bench and 172.29 otherwise), so that it can run beside the tests.
+
 Run from the repository root with the venv active: python bench/provision.py
 """
 
@@ -38,13 +41,15 @@ from torchfleet import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NAME = "torchfleet-bench"
+NAME = f"{os.environ['TORCHFLEET_TEST_PREFIX']}-bench" if os.environ.get("TORCHFLEET_TEST_PREFIX") \
+    else "torchfleet-bench"
 STATE = ROOT / ".torchfleet"
-INV_DIR = STATE / "bench" / "inventory"
-ENV = dict(os.environ, TORCHFLEET_STATE_DIR=str(STATE), TORCHFLEET_RUNS_DIR=str(STATE / "bench" / "runs"))
+BENCH = STATE / "bench" / NAME
+INV_DIR = BENCH / "inventory"
+ENV = dict(os.environ, TORCHFLEET_STATE_DIR=str(STATE), TORCHFLEET_RUNS_DIR=str(BENCH / "runs"))
 CLUSTER_VARS = [
     "-e", f"local_cluster_name={NAME}",
-    "-e", "local_cluster_subnet=172.29.3.0/24",
+    "-e", f"local_cluster_subnet={os.environ.get('TORCHFLEET_TEST_SUBNET_BASE', '172.29')}.3.0/24",
     "-e", f"local_cluster_inventory={INV_DIR / 'hosts.yml'}",
 ]
 
@@ -71,7 +76,7 @@ def launch_to_first_step(inv: list[str], *extra: str) -> tuple[float, float]:
     start = datetime.now(timezone.utc)
     total = playbook("playbooks/launch.yml", *inv, "-e", '{"launch_args": ["--epoch", "1"]}', *extra,
                      env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "ANSIBLE_NOCOLOR": "1"})
-    runs = sorted((STATE / "bench" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    runs = sorted((BENCH / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     return total, (first_step((runs[-1] / run_vocab.rank_log(0)).read_text()) - start).total_seconds()
 
 
@@ -108,7 +113,7 @@ FLOOR_CONTAINER_PLAYBOOK = FLOOR_CHECK + """
 
 def launch_floor(inv: list[str], text: str = FLOOR_PLAYBOOK, name: str = "launch_floor") -> float:
     """Wall seconds of a floor playbook (the median of three)."""
-    book = STATE / "bench" / f"{name}.yml"
+    book = BENCH / f"{name}.yml"
     book.write_text(text)
     walls = []
     for _ in range(3):
@@ -119,9 +124,14 @@ def launch_floor(inv: list[str], text: str = FLOOR_PLAYBOOK, name: str = "launch
 
 
 ROUNDS = 3
-# The launch's figures before issue 44's work (bench/provision.py at 5fff6a8).
-BASELINE = {"launch to first step / docker run by hand": 2.91,
-            "  without the MASTER_PORT wait / docker run by hand": 2.18}
+# The figures before issue 60's work (bench/provision.py at cc9efe2), and the ratios before
+# issue 44's (at 5fff6a8).
+SECONDS_BASELINE = {"site.yml first": 62.8, "site.yml again": 17.2, "launch to first step": 12.6,
+                    "docker run by hand to first step": 5.5, "launch floor, docker_container start": 8.7}
+BASELINE = {"site.yml again / site.yml first": (0.27, 0.15),
+            "launch to first step / docker run by hand": (2.29, 2.91),
+            "  without the MASTER_PORT wait / docker run by hand": (None, 2.18),
+            "launch to first step / docker_container floor": (1.46, None)}
 
 
 def first_step(log: str) -> datetime:
@@ -190,10 +200,11 @@ def main() -> None:
         t["ansible floor, docker_container start"]
     playbook("playbooks/local_cluster.yml", *CLUSTER_VARS, "-e", "local_cluster_state=absent")
 
-    print(f"\n{'step':<40}{'seconds':>9}")
+    print(f"\n{'step':<40}{'seconds':>9}{'cc9efe2':>9}")
     for key, value in t.items():
-        print(f"{key:<40}{value:>9.1f}")
-    print(f"\n{'ratio':<52}{'value':>7}{'was':>7}")
+        was = SECONDS_BASELINE.get(key)
+        print(f"{key:<40}{value:>9.1f}{was if was else '-':>9}")
+    print(f"\n{'ratio':<52}{'value':>7}{'cc9efe2':>9}{'5fff6a8':>9}")
     for label, a, b in [
         ("cluster up again / cluster up", "cluster up again", "cluster up"),
         ("site.yml again / site.yml first", "site.yml again", "site.yml first"),
@@ -208,9 +219,10 @@ def main() -> None:
         ("launch to first step / docker_container floor", "launch to first step",
          "launch floor, docker_container start"),
     ]:
-        was = BASELINE.get(label)
-        print(f"{label:<52}{t[a] / t[b]:>7.2f}{was if was else '-':>7}")
-    print(f"goal: launch to first step <= 1.5x the hand-typed loop; the floor is what Ansible alone adds to that "
+        was, before = BASELINE.get(label, (None, None))
+        print(f"{label:<52}{t[a] / t[b]:>7.2f}{was if was else '-':>9}{before if before else '-':>9}")
+    print(f"goals (issue 60): launch to first step <= 1.5x the hand-typed loop; a site.yml that changes nothing "
+          f"<= 0.15 of the first. The floor is what Ansible alone adds to that "
           f"loop here (one bare module run per node per phase), the docker_container floor what it adds with the "
           f"start through community.docker; launches and the loop: median of {ROUNDS} rounds")
     print("\nwhere the default launch's time goes (profile_tasks):")

@@ -29,9 +29,20 @@ nothing heavy. For each size it measures:
     it, forks as many ranks as the crash stops, then sends each SIGTERM and reaps it. No
     store, no guard: what ending that many ranks costs these shared cores at the least.
 
+The floor of "every guard beats" (submit's start until the store has heard every guard),
+measured at each size before its submit: the nodes' own start, every node at once running
+the guards' interpreter with what a guard imports (torch's TCPStore), with no Ansible, timed
+until the last is done; plus the controller's minimum, a playbook of one bare module run per
+node for each phase of a launch before its guards beat (the check, the start), through the
+same runner as the API.
+
 Last, at the largest size, Ansible's own floor on this machine: the CPU per node of a task
 every node skips and of a bare module run, so that the submit's figure can be read in
 module runs per node, whatever the machine's speed.
+
+Its nodes and network are ${TORCHFLEET_TEST_PREFIX}-scale-node-N on
+${TORCHFLEET_TEST_SUBNET_BASE}.12.0/24 when those are set (tfscale and 172.29 otherwise), so
+that it can run beside the test suites.
 
 Host keys are not pinned here (StrictHostKeyChecking=no): these throw-away nodes exist
 for this run only. Run from the repository root with the venv active:
@@ -58,8 +69,8 @@ from torchfleet import run_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "torchfleet/train:2.13.0-cpu"
-PREFIX = "tfscale"
-SUBNET = "172.29.12"  # apart from every test cluster
+PREFIX = f"{os.environ['TORCHFLEET_TEST_PREFIX']}-scale" if os.environ.get("TORCHFLEET_TEST_PREFIX") else "tfscale"
+SUBNET = f"{os.environ.get('TORCHFLEET_TEST_SUBNET_BASE', '172.29')}.12"  # apart from every test cluster
 PYTHON = "/opt/venv/bin/python3"
 # launch_node_timeout's default, for the lost-node case. The crash and stop cases do not
 # depend on it, and get a longer one: at 48 nodes on 2 shared cores, the guards' own start
@@ -241,6 +252,57 @@ def contact_floor(cluster: torchfleet.Cluster, folder: Path, pick: str) -> float
     return sorted(times)[1]
 
 
+# What a guard imports before it beats (guard_child.import_torch): the store is torch's.
+GUARD_IMPORT = "from torch.distributed import TCPStore"
+
+
+def guards_start_floor(count: int) -> float:
+    """Wall seconds until every node has run the guards' interpreter with what a guard
+    imports, all nodes at once, with no Ansible; the quicker of two."""
+    times = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        starts = [subprocess.Popen(["docker", "exec", node(i), PYTHON, "-c", GUARD_IMPORT],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(1, count + 1)]
+        for start in starts:
+            if start.wait() != 0:
+                sys.exit(f"the guards' import failed on a node: {start.stderr.read()}")
+        times.append(time.monotonic() - t0)
+    return min(times)
+
+
+# The controller's minimum for a launch until its guards beat: one bare module run per
+# node for each of its phases before then (the check, the start).
+LAUNCH_FLOOR_PLAYBOOK = """
+- hosts: torchfleet_nodes
+  gather_facts: false
+  tasks:
+    - {name: the check on every node, ansible.builtin.ping: {}}
+    - {name: the start on every node, ansible.builtin.ping: {}}
+"""
+
+
+def launch_floor(count: int, keys: Path, folder: Path) -> float:
+    """Wall seconds of that playbook, the median of three. Each run opens its own SSH
+    connections, as a launch's first contact must, in a control folder of its own, so that
+    the submit measured next finds none of them open."""
+    book = folder / "launch_floor.yml"
+    book.write_text(LAUNCH_FLOOR_PLAYBOOK)
+    times = []
+    for i in range(3):
+        control = folder / f"cp-{count}-{i}"
+        control.mkdir()
+        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=str(control),
+                   ANSIBLE_STDOUT_CALLBACK="ansible.builtin.null")
+        t0 = time.monotonic()
+        done = subprocess.run(["ansible-playbook", "-i", str(inventory(count, keys, folder)), str(book)],
+                              capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+        times.append(time.monotonic() - t0)
+        if done.returncode != 0:
+            sys.exit(f"the launch floor's playbook failed: {done.stdout[-500:]} {done.stderr[-500:]}")
+    return sorted(times)[1]
+
+
 def cpu() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -319,6 +381,9 @@ def measure(count: int, keys: Path, folder: Path, workload: Path) -> dict[str, f
     # The floor first, while the nodes are idle; the median of three.
     out["end_floor_s"] = sorted(float(sh("docker", "exec", node(1), PYTHON, "-c", END_FLOOR, str(count - 1)))
                                 for _ in range(3))[1]
+    out["guards_start_floor_s"] = guards_start_floor(count)
+    out["launch_floor_s"] = launch_floor(count, keys, folder)
+    out["all_beat_floor_s"] = out["guards_start_floor_s"] + out["launch_floor_s"]
 
     # Submit, then a crash of the last rank once every guard is supervised.
     sh("docker", "exec", node(count), "rm", "-f", "/tmp/crash-now")
@@ -395,6 +460,12 @@ BASELINE = {3: {"status_s": 1.2, "stop_call_s": 3.2, "stop_to_stopped_s": 1.2},
             48: {"status_s": 9.1, "stop_call_s": 27.1, "stop_to_stopped_s": 7.7}}
 
 
+# The launch's figures before issue 60's work (bench/scale.py at cc9efe2).
+LAUNCH_BASELINE = {3: {"submit_s": 9.1, "running_s": 10.9, "cpu_per_node_s": 1.46},
+                   12: {"submit_s": 24.8, "running_s": 26.0, "cpu_per_node_s": 0.75},
+                   48: {"submit_s": 89.8, "running_s": 91.5, "cpu_per_node_s": 0.68}}
+
+
 def _was(baseline: dict[str, float], key: str) -> str:
     return f"{baseline[key]:.1f}" if key in baseline else "-"
 
@@ -445,13 +516,31 @@ def main() -> None:
               f"{r['crash_to_stopped_s'] / base['crash_to_stopped_s']:>9.2f}x "
               f"{r['end_floor_s'] / base['end_floor_s']:>9.2f}x "
               f"{r['lost_to_stopped_s'] / base['lost_to_stopped_s']:>8.2f}x")
-    print("goals: controller CPU per node <= 0.5 s; crash and loss at 48 nodes <= 1.5x the 3-node times; "
+    print("goals: controller CPU per node per launch <= 0.25 s at 48 nodes; crash and loss at 48 nodes <= 1.5x the 3-node times; "
           "crash->stopped <= 5 s; lost->stopped <= 20 s")
     print("crash->seen: until the last guard learnt of the abort; crash->stopped adds its rank's end (SIGTERM, exit, "
           "reaped), which on shared cores waits its turn behind every other rank's")
     print("end floor: one process SIGTERMs and reaps as many ranks as the crash stops (forked after torch's import, "
           "as the guards fork them), with no supervision; on shared cores the crash's ratio cannot fall below the "
           "floor's")
+    print("\nthe launch, against its baseline (bench/scale.py at cc9efe2, issue 60) and its floor, measured "
+          "before each size's submit on idle nodes")
+    header = f"{'nodes':>5} {'submit s':>9} {'was':>5}  {'all beat s':>11} {'was':>5} {'floor s':>8} " \
+             f"{'guards s':>9} {'ctl s':>6} {'vs floor':>8}  {'ctl CPU/node s':>15} {'was':>5}"
+    print(header)
+    print("-" * len(header))
+    for count in sizes:
+        r, was = results[count], LAUNCH_BASELINE.get(count, {})
+        print(f"{count:>5} {r['submit_s']:>9.1f} {_was(was, 'submit_s'):>5}  {r['running_s']:>11.1f} "
+              f"{_was(was, 'running_s'):>5} {r['all_beat_floor_s']:>8.1f} {r['guards_start_floor_s']:>9.1f} "
+              f"{r['launch_floor_s']:>6.1f} {r['running_s'] / r['all_beat_floor_s']:>7.2f}x  "
+              f"{r['cpu_per_node_s']:>15.2f} {was['cpu_per_node_s'] if was else '-':>5}")
+    print("goals (issue 60): controller CPU per node per launch <= 0.25 s at 48 nodes; every guard beats at 48 "
+          "nodes within 1.5x of the floor")
+    print("floor: the nodes' own start (every node at once runs the guards' python importing torch's TCPStore by "
+          "docker exec, no Ansible, until the last is done; the quicker of two) plus the controller's minimum (a "
+          "playbook of one bare module run per node for the check and for the start, on new SSH connections; the "
+          "median of 3)")
     print("\nstatus and stop, against their baseline (bench/scale.py at 5fff6a8, issue 44) and the controller's floors "
           "(median of 3 through the API's runner)")
     header = f"{'nodes':>5} {'status s':>9} {'was':>5} {'vs ' + str(min(sizes)):>6} {'floor s':>8} {'vs floor':>8}  " \
