@@ -177,19 +177,19 @@ class Guard(Attempts, HostChecks):
             return False
         # The store answered; the watchdog's allowance runs from here, not from the start.
         self.last_ok = time.monotonic()
-        threading.Thread(target=self._await_abort, args=(self.link.gen,), daemon=True).start()
+        threading.Thread(target=self._await_abort, args=(self.link.era,), daemon=True).start()
         if self.proc.waiting:
             threading.Thread(target=self._await_after, daemon=True).start()
         return True
 
-    def _await_abort(self, gen: int) -> None:
+    def _await_abort(self, era: int) -> None:
         """Wake the loop the moment any guard posts the attempt's abort. A connection of its
-        own: a client is one socket, and this wait blocks it. Ends with its store's generation."""
+        own: a client is one socket, and this wait blocks it. Ends once the guard left its store."""
         try:
             store = self.link.client(self.start_timeout)
         except Exception:  # noqa: BLE001 - the loop's polls still see the abort
             return
-        while self.link.gen == gen:
+        while self.link.era == era:
             attempt = self.attempt
             try:
                 # Long: each timeout prints a c10d warning into the unit's log, and an attempt
@@ -202,12 +202,12 @@ class Guard(Attempts, HostChecks):
             if posted is None:  # not the run's: told, and looked at again until a real one replaces it
                 time.sleep(self.poll)
                 continue
-            if self._stop_on_abort(attempt, gen):
+            if self._stop_on_abort(attempt, era):
                 self.wake.set()
-            while self.link.gen == gen and self.attempt == attempt:
+            while self.link.era == era and self.attempt == attempt:
                 time.sleep(self.poll)
 
-    def _stop_on_abort(self, attempt: int, gen: int) -> bool:
+    def _stop_on_abort(self, attempt: int, era: int) -> bool:
         """Every abort stops every unit, so the stop starts as soon as the abort's wait wakes,
         before the loop has read why (three store ops behind 47 other guards on a busy host);
         the loop still records the reason and escalates to SIGKILL after the grace period.
@@ -215,7 +215,7 @@ class Guard(Attempts, HostChecks):
         attempt takes to change the number before its unit starts, so that a wake held up
         (a starved thread) cannot stop the next attempt's unit, as it once did under load."""
         with self.attempt_lock:
-            if self.link.gen != gen or self.attempt != attempt:
+            if self.link.era != era or self.attempt != attempt:
                 return False
             self.state.setdefault("abort_seen_at", time.time())
             if self.proc.running_now():
@@ -285,7 +285,7 @@ class Guard(Attempts, HostChecks):
         """The thread that watches for what the loop may miss: on the host a stop file, on
         any other guard a store that stopped answering (see _watchdog)."""
         target = self._watch_stop if self.is_host else self._watchdog
-        threading.Thread(target=target, args=(self.link.gen,), daemon=True).start()
+        threading.Thread(target=target, args=(self.link.era,), daemon=True).start()
 
     def _mine(self) -> None:
         """Go on only in the thread that runs the loop: one that lost it (held in an op on a
@@ -317,12 +317,13 @@ class Guard(Attempts, HostChecks):
             code = self.proc.poll()
             try:
                 if self.store is None:
+                    self._mine()  # not where the watchdog, moving the store, just left it
                     self.connect(timeout=self.link.connect_timeout)
                     if self.store is None:
                         self.link.connect_timeout = policy.next_connect_timeout(self.link.connect_timeout,
                                                                                 self.node_timeout)
                         raise ConnectionError(self.link.error)
-                self.store.add(vocab.heartbeat_key(self.index), 1)
+                self.link.live().add(vocab.heartbeat_key(self.index), 1)
                 abort = abort or self.read_abort()
                 # A stop first: on the host, the checks below take a store op per unit.
                 if abort is None and self._stop_requested():
@@ -334,8 +335,11 @@ class Guard(Attempts, HostChecks):
                 if abort is None and self.unit.get("service") and self.link.said(vocab.DONE):
                     return self.finish(policy.exit_code(self.stop_child()) if self.proc.poll() is None else 0,
                                        vocab.UnitState.STOPPED.value, "the job's other units finished")
-                self.last_ok = time.monotonic()
+                # In touch: a silence to come is not one this node stood still through.
+                self.last_ok, self.stood_still = time.monotonic(), False
             except Exception as exc:  # noqa: BLE001 - any store failure counts as no contact
+                # A loop that the watchdog took over meanwhile (it moves the store) stops here.
+                self._mine()
                 if self.is_host or not isinstance(exc, (RuntimeError, ConnectionError, OSError)):
                     raise
                 # Without the store, what this node can tell on its own still stops its unit.
@@ -372,7 +376,7 @@ class Guard(Attempts, HostChecks):
         start them. A unit that finished without listening (a script with no rendezvous) lets
         the later phase start too, as one that listens does."""
         if self.listen_state == "answered" or (self.listen_state == "waiting" and code == 0):
-            self.store.set(vocab.listening_key(self.index), "1")
+            self.link.live().set(vocab.listening_key(self.index), "1")
             self.listen_state = "told"
 
     def _unit_checks(self, code: int | None) -> dict | None:
@@ -396,8 +400,8 @@ class Guard(Attempts, HostChecks):
                 return self.set_abort(dict(found, index=self.index))
         return None
 
-    def _watchdog(self, gen: int) -> None:
-        while self.link.gen == gen:
+    def _watchdog(self, era: int) -> None:
+        while self.link.era == era:
             self.watch_mark = time.monotonic()
             time.sleep(self.poll)
             self._note_standing_still()
@@ -406,9 +410,9 @@ class Guard(Attempts, HostChecks):
             # before the store counts as lost.
             requested = self._stop_requested() if silent > 2 * self.poll + 1 else None
             if requested or silent > self._store_limit() + 2 * self.poll:
-                if self.link.gen != gen or self.moving:
+                if self.link.era != era or self.moving:
                     return
-                if not requested and self.index in self.members and self._restarts_left():
+                if not requested and self._restarts_left():
                     if self.link.answers():
                         self.last_ok = time.monotonic()
                         continue
@@ -435,9 +439,10 @@ class Guard(Attempts, HostChecks):
 
     def _take_over(self, lost: dict) -> NoReturn:
         """From the watchdog: the loop is held in an op on the lost store, so this thread
-        moves to the next store and runs the guard from there on. A later attempt's unit
-        comes from the fork server, never from this thread."""
-        code = self.failover(lost)
+        moves to the next store (or, outside the attempt, looks for the run's) and runs the
+        guard from there on. A later attempt's unit comes from the fork server, never from
+        this thread."""
+        code = self.failover(lost) if self.index in self.members else self.rejoin(lost)
         if code is None:
             code = self._loop()
         self.exit_now(code)

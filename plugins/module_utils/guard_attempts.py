@@ -13,10 +13,12 @@ import threading
 import time
 
 try:
+    from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_child
     from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_policy as policy
     from ansible_collections.torchfleet.cluster.plugins.module_utils import guard_store, guard_sync
     from ansible_collections.torchfleet.cluster.plugins.module_utils import run_vocab as vocab
 except ImportError:  # on a node: imported by guard.py from the run's folder, where its siblings lie beside it
+    import guard_child
     import guard_policy as policy
     import guard_store
     import guard_sync
@@ -56,6 +58,8 @@ class Attempts:
                 self._close_attempt(abort)
             return self.abort(abort, exits)
         final = self._stop_for_attempt(abort)
+        if then == "follow":
+            return self.follow(abort, exits)
         if then == "failover":
             return self.failover(abort)
         if then == "decide":
@@ -90,6 +94,10 @@ class Attempts:
         self._close_attempt(abort)
         self.records.write_job(vocab.RunState.RUNNING.value, None, exits, {}, self.attempt, restarting=True)
         hosts = self._answering(abort, failover)
+        if failover and len(hosts) < max(1, self.min_nodes):
+            # Too few nodes reach this new store: more likely this node is the one cut off,
+            # and the run goes on at a store it cannot reach yet.
+            return self.rejoin(abort, hosted=True)
         attempts = self.records.attempts
         why = policy.restart_refused(abort, attempts, self.max_restarts, hosts, self.min_nodes)
         later = self.link.read_abort(self.attempt + 1)
@@ -118,24 +126,25 @@ class Attempts:
             self._mine()
             self.wake.clear()
             try:
-                self.store.add(vocab.heartbeat_key(self.index), 1)
+                self.link.live().add(vocab.heartbeat_key(self.index), 1)
                 decision = self.link.read_json(vocab.next_key(attempt))
                 if decision is not None:
                     break
                 if self.index not in self.members and self.link.said(vocab.DONE):
-                    self.store.set(vocab.left_key(self.index), "1")
+                    self.link.live().set(vocab.left_key(self.index), "1")
                     return self.finish(self.state.get("exit_code", 0), vocab.UnitState.LEFT_OUT.value,
                                        "the run ended in an attempt without this node")
                 stop = self._stop_requested() or (policy.signalled(self.unit, self.signalled) if self.signalled else None)
                 if stop:
                     self.set_abort(stop, attempt + 1)
-                self.last_ok = time.monotonic()
+                self.last_ok, self.stood_still = time.monotonic(), False
             except Exception:  # noqa: BLE001 - any store failure counts as no contact
+                self._mine()
                 if time.monotonic() - self.last_ok > self.node_timeout:
                     if self.index in self.members and self._restarts_left():
                         return self.failover(self._store_lost())
-                    return self.finish(self.state.get("exit_code", 0), vocab.UnitState.LEFT_OUT.value,
-                                       self._store_lost()["reason"])
+                    # Outside the attempt: the run may have moved on to another store meanwhile.
+                    return self.rejoin(self._store_lost())
             self.wake.wait(self.poll)
         self._mine()
         self.records.attempts = decision["attempts"]
@@ -157,6 +166,15 @@ class Attempts:
                      f"{policy.who(self.unit)} waits for the next one")
             return self.await_next()
         env, self.argv = policy.unit_attempt(self.unit, self.index, plan, self.base_argv)
+        named = os.environ.get("GLOO_SOCKET_IFNAME")
+        if named and guard_child.interface_gone(named):
+            # The link came back under another name (a NIC reset, a container's network
+            # endpoint made anew): Gloo binds to the one that now leads to MASTER_ADDR.
+            found = guard_child.interface_towards(plan["master_addr"])
+            if found:
+                env["GLOO_SOCKET_IFNAME"] = found
+                self.say(f"[torchfleet guard] {named} is gone on {self.unit['host']}: GLOO_SOCKET_IFNAME={found}, "
+                         f"the interface towards MASTER_ADDR {plan['master_addr']}")
         self._sync_checkpoints(plan)
         ranks = plan["units"][str(self.index)]["ranks"]
         label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no rank"
@@ -185,31 +203,53 @@ class Attempts:
                 self.store.add(vocab.heartbeat_key(self.index), 1)
                 time.sleep(self.poll)
             return
+        synced = threading.Event()
+        if self.is_host:
+            threading.Thread(target=self._keep_job_fresh, args=(synced,), daemon=True).start()
         try:
             done = guard_sync.sync(self.store, self.attempt, host, plan["nodes"], folder,
                                    max(30.0, 2 * self.node_timeout), say=self.say)
             self.state.setdefault("checkpoint_sync", []).append(dict(done, attempt=self.attempt))
         except Exception as exc:  # noqa: BLE001 - the ranks still start: the workload may bring its own
             self.say(f"[torchfleet guard] checkpoint sync of attempt {self.attempt} failed: {exc}")
+        finally:
+            synced.set()
         self.store.set(ready, "1")
 
-    def failover(self, cause: dict) -> int | None:
-        """The store's host is gone: move, in node order, to the next node's first guard's
-        store (hosting it where that guard is this one), and go on from there."""
+    def _keep_job_fresh(self, done: threading.Event) -> None:
+        """The host's job.json stays fresh while its loop copies the checkpoint (up to the
+        copy's timeout, where a node of the plan is gone): an attached launch takes a job.json
+        older than the guards' stop wait for a host that is gone."""
+        while not done.wait(2 * self.poll):
+            self.records.write_job(vocab.RunState.RUNNING.value, None, {}, {}, self.attempt)
+
+    def _claim(self) -> None:
+        """Run the guard from this thread on (the loop's, or the watchdog's that took it over);
+        a thread that comes second, while the other moves the store, waits for the guard's end."""
         with self.turn:
             if self.moving and self.owner != threading.get_ident():
                 threading.Event().wait()
             self.moving, self.owner = True, threading.get_ident()
+
+    def failover(self, cause: dict) -> int | None:
+        """The store's host is gone: move, in node order, to the next node of the attempt's
+        first guard's store (hosting it where that guard is this one), and go on from there."""
+        self._claim()
         if self.proc.poll() is None:
             self._stop_for_attempt(cause)
         lost = self.link.where["node"]
         if self.stood_still:
             self.moving = False
-            return self._rejoin_or_leave(cause)
-        self.link.store = None
-        for gen in range(self.link.gen + 1, len(self.link.candidates)):
-            if self.link.candidates[gen]["node"] == lost:
-                continue
+            return self.rejoin(cause)
+        self.link.leave()
+        for gen in policy.failover_order(self.link.candidates, self.link.gen, lost, set(self._nodes_of(self.members))):
+            if self.link.candidates[gen]["unit"] == self.index:
+                # About to host: where the run's store answers elsewhere (this node was the one
+                # cut off, and its link is back), rejoin it instead.
+                found = self.link.find_run(policy.search_order(self.link.candidates, self.link.gen, self.unit["host"]))
+                if found:
+                    self.moving = False
+                    return self.rejoin(cause)
             self.link.gen = gen
             if self.connect(timeout=policy.move_on_s(self.node_timeout)):
                 break
@@ -224,20 +264,54 @@ class Attempts:
             return self.host_decide(cause, {}, failover=True)
         return self.await_next()
 
-    def _rejoin_or_leave(self, cause: dict) -> int | None:
-        """This guard stood still, and the store it knew is silent: where the run moved on
-        without it, wait there for a later attempt; where it ended, leave."""
-        moved_to = self.link.successor()
-        if moved_to is None:
-            self.members.discard(self.index)
-            return self.finish(self.state.get("exit_code", 0), vocab.UnitState.LEFT_OUT.value,
-                               f"{self.unit['host']} stood still, and the run's store is gone: the run went on "
-                               f"or ended without it ({cause['reason']})", cause)
-        self.link.move_to(moved_to)
-        if not self.connect(timeout=self.node_timeout):
-            self.members.discard(self.index)
-            return self.finish(self.state.get("exit_code", 0), vocab.UnitState.LEFT_OUT.value, cause["reason"], cause)
+    def follow(self, moved: dict, exits: dict) -> int | None:
+        """This node stood still as the master, and the run moved on to ``moved_to``: its
+        job.json says so (the run's record is the new master's), and its guards rejoin the run
+        there, as workers that wait for the next attempt."""
+        if self.is_host:
+            self._await_others(exits)
+            self.records.write_job(vocab.job_state(self.units, exits, moved, [], self.members), moved, exits, {},
+                                   self.attempt)
+        self.link.leave()
+        there = [g for g, c in enumerate(self.link.candidates) if c["node"] == moved["moved_to"]]
+        return self.rejoin(moved, order=there)
+
+    def rejoin(self, cause: dict, hosted: bool = False, order: list[int] | None = None) -> int | None:
+        """This guard lost the run's store (it stood still, was cut off, waited outside the
+        attempt, or hosts one that too few nodes reach): look for it among the store
+        candidates (guard_policy.search_order) for up to launch_rejoin_timeout, and wait there,
+        outside the attempt, for the next one; where it is nowhere, leave."""
+        self._claim()
+        if hosted:
+            # This store never was the run's: job.json says where the run went, or that it ended.
+            self.link.leave()
+        order = order or policy.search_order(self.link.candidates, self.link.gen, self.unit["host"])
+        deadline = time.monotonic() + max(self.rejoin_timeout, self.node_timeout)
+        found = None
+        while found is None and not self._stop_requested():
+            found = self.link.find_run(order)
+            if found is None and time.monotonic() > deadline:
+                break
+            if found is None:
+                time.sleep(self.poll)
+                continue
+            self.link.move_to(found)
+            if not self.connect(timeout=self.node_timeout):
+                found = None
+        self.moving = False
         self.members.discard(self.index)
+        if hosted:
+            left = dict(policy.moved(self.unit["host"], found),
+                        reason=f"{self.unit['host']} hosted a store that too few nodes reached; the run went on "
+                               f"with {found}") if found else dict(cause, final="too few nodes reach this store")
+            self.records.write_job(vocab.job_state(self.units, {}, left, [], self.members), left, {}, {}, self.attempt)
+        if found is None:
+            return self.finish(self.state.get("exit_code", 0), vocab.UnitState.LEFT_OUT.value,
+                               f"{self.unit['host']} lost the run's store, and found it on no node within "
+                               f"launch_rejoin_timeout: the run went on or ended without it ({cause['reason']})", cause)
+        self.stood_still, self.last_ok = False, time.monotonic()
+        self.say(f"[torchfleet guard] {policy.who(self.unit)} found the run's store on {found}: it waits there "
+                 f"for the next attempt")
         self._watch()
         return self.await_next()
 

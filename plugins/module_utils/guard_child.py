@@ -115,6 +115,36 @@ def answers(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def interface_towards(address: str) -> str | None:
+    """The interface that holds this node's IPv4 address towards ``address`` (the source of
+    its route there, and on the master its own), or None where there is none."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # no packet: a UDP connect only looks up the route
+            source = probe.getsockname()[0]
+            for _index, name in socket.if_nameindex():
+                try:
+                    found = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                except OSError:
+                    continue
+                if socket.inet_ntoa(found[20:24]) == source:
+                    return name
+    except OSError:
+        return None
+    return None
+
+
+def interface_gone(name: str) -> bool:
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return True
+    return False
+
+
 def import_torch() -> bool:
     try:
         from torch.distributed import TCPStore  # noqa: F401 - what the store needs, loaded once for both

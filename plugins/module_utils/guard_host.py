@@ -42,7 +42,7 @@ class HostChecks:
         if gap <= self.node_timeout:
             return None
         self.state["stood_still"] = True  # its node's containers are run_reap's once it ends
-        moved_to = self.link.successor() if self._restarts_left() else None
+        moved_to = self._moved_to() if self._restarts_left() else None
         # From after the look for a successor, which may take seconds.
         now = time.monotonic()
         for i in seen:
@@ -92,14 +92,19 @@ class HostChecks:
         Its job.json then speaks for the run."""
         # Asked first: the look for a successor may take seconds.
         back = self._back_from_standing_still()
-        found = self.link.successor()
+        found = self._moved_to()
         if found:
             return found
         # Inferred only where this host stood still for as long as the others take to move
         # on: a host merely starved for CPU, or others that are really all gone, are not that.
         if not back:
             return None
-        return policy.inferred_successor(self.link.candidates, self.link.gen, self.unit["host"], self.min_nodes)
+        return policy.inferred_successor(self.link.candidates, self.link.gen, self.unit["host"], self.min_nodes,
+                                         set(self._nodes_of(self.members)))
+
+    def _moved_to(self) -> str | None:
+        """The node that hosts the run's store now, if another than this one."""
+        return self.link.find_run(policy.search_order(self.link.candidates, self.link.gen, self.unit["host"]))
 
     def _await_others(self, exits: dict) -> None:
         """Keep the store up until every other unit has stopped, or has gone silent (a unit
@@ -154,22 +159,26 @@ class HostChecks:
         # to say it is there) as long as it would take to be judged lost.
         lost = set(abort.get("hosts") or [abort.get("host")]) if abort.get("kind") == vocab.AbortKind.NODE_LOST else set()
         most = policy.move_on_s(self.node_timeout) if failover else least + self.node_timeout
-        first: dict[int, int] = {}
+        looks: dict[int, list[int]] = {}
         beating = {self.index}
-        wanted = self._nodes_of(self.members)
+        # After a failover the lost master is one of them: back, it rejoins here as a worker.
+        wanted = set(self._nodes_of(self.members)) | lost
         while True:
             for i in range(len(self.units)):
                 if i in beating or self.units[i].get("service"):
                     continue
-                count = self.link.beats(i)
-                if i not in first:
-                    first[i] = count
-                elif count != first[i]:
+                if policy.beats_again(looks, i, self.link.beats(i)):
                     beating.add(i)
             hosts = policy.answering_hosts(self.config["nodes"], self.units, beating)
-            if policy.answering_done(time.monotonic() - started, least, most, set(wanted) - set(hosts), lost,
+            # A new store that too few nodes reach may be one that a node cut off made for
+            # itself: it waits for no lost node, and goes looking for the run's (host_decide).
+            rejoin = lost if not failover or len(hosts) >= max(1, self.min_nodes) else set()
+            if policy.answering_done(time.monotonic() - started, least, most, wanted - set(hosts), rejoin,
                                      self.rejoin_timeout):
                 return hosts
+            # Fresh while it waits (up to launch_rejoin_timeout): an attached launch takes a
+            # job.json older than the guards' stop wait for a host that is gone.
+            self.records.write_job(vocab.RunState.RUNNING.value, None, {}, {}, self.attempt, restarting=True)
             time.sleep(self.poll)
 
     def finish_host(self, exits: dict, abort: dict | None) -> int:

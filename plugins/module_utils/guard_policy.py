@@ -270,13 +270,32 @@ def back_from_standing_still(still_gap: float, since_end: float, node_timeout: f
     return still_gap >= move_on_s(node_timeout) and since_end <= move_on_s(node_timeout)
 
 
-def inferred_successor(candidates: list[dict], gen: int, own_host: str, min_nodes: int) -> str | None:
+def inferred_successor(candidates: list[dict], gen: int, own_host: str, min_nodes: int,
+                       members: set[str]) -> str | None:
     """The node that the other guards, having lost this host's store, make their master: the
-    next in node order, where enough nodes are left for launch_min_nodes."""
-    others = [c for c in candidates[gen + 1:] if c["node"] != own_host]
+    next in node order among the nodes of the attempt (``members``: only their guards move,
+    and only to one of them), where enough of them are left for launch_min_nodes."""
+    others = failover_order(candidates, gen, own_host, members)
     if others and len(others) >= min_nodes:
-        return others[0]["node"]
+        return candidates[others[0]]["node"]
     return None
+
+
+def failover_order(candidates: list[dict], gen: int, lost: str, members: set[str]) -> list[int]:
+    """The candidates (their indexes) that a guard which lost the store on ``lost`` tries, in
+    node order from the one after it, round to those before it (a store that moved on may
+    move again): those on a node of the attempt (``members``), since no guard outside it hosts."""
+    order = list(range(gen + 1, len(candidates))) + list(range(gen))
+    return [g for g in order if candidates[g]["node"] != lost and candidates[g]["node"] in members]
+
+
+def search_order(candidates: list[dict], gen: int, own_host: str) -> list[int]:
+    """Where a guard looks for the run's store once it lost it (it stood still, was cut off,
+    or hosts a store that too few nodes reach): the one it knew first, since a node that comes
+    back finds it there where the others never moved, then every other in node order; never
+    a store on its own node, which is the one it is leaving."""
+    order = [gen] + [g for g in range(len(candidates)) if g != gen]
+    return [g for g in order if candidates[g]["node"] != own_host]
 
 
 def own_failure(abort: dict, index: int) -> bool:
@@ -287,8 +306,11 @@ def own_failure(abort: dict, index: int) -> bool:
 
 def attempt_end(restarts_left: bool, abort: dict, member: bool, is_host: bool) -> str:
     """What a guard does once its attempt ended with ``abort``: ``final`` (the run ends), or
-    with another attempt possible, ``failover`` (the store was lost), ``decide`` (the host:
+    with another attempt possible, ``follow`` (this node stood still as the master and the
+    run moved on: it rejoins there), ``failover`` (the store was lost), ``decide`` (the host:
     which nodes go on), or ``await`` (the host's decision)."""
+    if restarts_left and member and abort.get("kind") == vocab.AbortKind.MOVED and abort.get("moved_to"):
+        return "follow"
     if not restarts_left or not restartable(abort) or not member:
         return "final"
     if abort.get("store_lost"):
@@ -328,12 +350,25 @@ def answering_hosts(nodes: list[dict], units: list[dict], beating: set[int]) -> 
     return [n["host"] for n in nodes if all(i in beating for i in node_units(units, n["host"]))]
 
 
+def beats_again(looks: dict[int, list[int]], index: int, count: int) -> bool:
+    """Whether unit ``index``'s heartbeat counter, now ``count``, moved in two separate looks
+    (``looks`` keeps each unit's last count and moves): a guard beats every poll, while the
+    beats that a node cut off queued in its connection all arrive at once when its link is
+    back, though its guard has moved on (issue 58)."""
+    last = looks.setdefault(index, [count, 0])
+    if count != last[0]:
+        last[0], last[1] = count, last[1] + 1
+    return last[1] >= 2
+
+
 def answering_done(waited: float, least: float, most: float, missing: set[str], lost: set[str],
                    rejoin_timeout: float) -> bool:
     """Whether the host has watched the guards long enough to plan the next attempt: at least
-    ``least``; then once no node is missing, a node the ended attempt lost had
-    ``rejoin_timeout`` to come back, or at ``most``."""
-    return waited >= least and (not missing or (missing <= lost and waited >= rejoin_timeout) or waited >= most)
+    ``least``; then until each missing node's own wait is over: ``rejoin_timeout`` for a node
+    the ended attempt lost (``lost``), ``most`` for any other (slow to say it is there)."""
+    if waited < least:
+        return False
+    return all(waited >= (rejoin_timeout if node in lost else most) for node in missing)
 
 
 def attempt_row(plan: dict, started_at: str, t: float) -> dict:

@@ -138,6 +138,12 @@ class StoreLink:
         self.node_timeout = float(config["node_timeout"])
         self.candidates = config.get("store_candidates") or [dict(config.get("store") or {}, unit=config["store_unit"])]
         self.gen = 0  # which of the candidates hosts the store now
+        # Bumped each time the guard leaves a store (a move, or a rejoin at the same one): the
+        # threads that wait on the store it left end with it.
+        self.era = 0
+        # The stores this guard hosted and left, by candidate: its server keeps the port, so a
+        # later move back to it takes it up again.
+        self.left: dict[int, SignedStore] = {}
         self.store: SignedStore | None = None
         self.listener = None
         self.error = "no store yet"
@@ -161,7 +167,10 @@ class StoreLink:
         host, port = self.where["host"], int(self.where["port"])
         op_timeout = timedelta(seconds=max(1.0, min(self.node_timeout / 2, 5.0)))
         try:
-            if self.is_host:
+            if self.is_host and self.gen in self.left:
+                store = self.left.pop(self.gen)
+                store.set(vocab.RUN_KEY, self.config["run_id"])
+            elif self.is_host:
                 import socket
 
                 # Bound to the cluster address only, and handed to the store already listening.
@@ -175,8 +184,9 @@ class StoreLink:
             else:
                 store = self.signed(TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout)))
                 store.set_timeout(op_timeout)
-                if self.gen:
-                    # A moved store: the run's own, not another's on the same port.
+                if self.gen or self.era:
+                    # A moved store: the run's own, not another's on the same port, nor one its
+                    # host left.
                     store.wait([vocab.RUN_KEY], timedelta(seconds=timeout))
                     if store.read(vocab.RUN_KEY) != self.config["run_id"].encode():
                         raise RuntimeError(f"the store on {host}:{port} is another run's")
@@ -204,53 +214,76 @@ class StoreLink:
                                        timeout=timedelta(seconds=2)).add(vocab.heartbeat_key(self.index), 0),
                       3.0) is not None
 
-    def successor(self) -> str | None:
-        """The node whose store the run moved to meanwhile, if any (the next two in node order:
-        the others go to the first that answers); a store is this run's by its signed id."""
+    def holds_run(self, gen: int) -> bool:
+        """Whether candidate ``gen`` hosts this run's store now: its signed id answers, within
+        a few seconds (a frozen host accepts and never answers)."""
         from torch.distributed import TCPStore
 
-        for where in self.candidates[self.gen + 1:self.gen + 3]:
-            run = within(lambda: self.signed(TCPStore(where["host"], int(where["port"]), is_master=False,
-                                                      timeout=timedelta(seconds=2))).read(vocab.RUN_KEY), 3.0)
-            if run is not None and run.decode() == self.config["run_id"]:
-                return where["node"]
+        where = self.candidates[gen]
+        run = within(lambda: self.signed(TCPStore(where["host"], int(where["port"]), is_master=False,
+                                                  timeout=timedelta(seconds=2))).read(vocab.RUN_KEY), 3.0)
+        return run is not None and run.decode() == self.config["run_id"]
+
+    def find_run(self, order: list[int]) -> str | None:
+        """The node of the first candidate in ``order`` (guard_policy.search_order) that hosts
+        this run's store, if any."""
+        for gen in order:
+            if self.holds_run(gen):
+                return self.candidates[gen]["node"]
         return None
 
     def move_to(self, node: str) -> None:
         """Follow the run to the store of ``node``, as a guard that does not host it."""
+        self.leave()
         self.gen = next(g for g, c in enumerate(self.candidates) if c["node"] == node)
-        self.store = None
+
+    def leave(self) -> None:
+        """Leave the current store; one this guard hosts first stops saying it is the run's,
+        so that no guard that looks for the run's store takes it for one."""
+        store, self.store, self.era = self.store, None, self.era + 1
+        if store is not None and self.is_host:
+            bounded(lambda: store.set(vocab.RUN_KEY, f"left by {self.config['run_id']}"), 2.0)
+            # Kept: its server and listening socket go with the guard, never under a thread in an op.
+            self.left[self.gen] = store
+
+    def live(self) -> SignedStore:
+        """The store, or ConnectionError where there is none now (another thread of the guard
+        may leave it at any moment: the loop's ops then fail as on a lost store)."""
+        store = self.store
+        if store is None:
+            raise ConnectionError(f"no store: {self.error}")
+        return store
 
     # What the guards say to each other.
     def read_abort(self, attempt: int) -> dict | None:
-        return _json(self.store.read(vocab.abort_key(attempt)))
+        return _json(self.live().read(vocab.abort_key(attempt)))
 
     def post_abort(self, abort: dict, attempt: int) -> dict:
         """The first abort of an attempt wins; every guard reports that one."""
-        return _json(self.store.first(vocab.abort_key(attempt), _dumps(abort)))
+        return _json(self.live().first(vocab.abort_key(attempt), _dumps(abort)))
 
     def record_exit(self, attempt: int, code: int) -> None:
         key = vocab.exit_key(self.index, attempt)
-        if self.store.read(key) is None:
-            self.store.set(key, str(code))
+        if self.live().read(key) is None:
+            self.live().set(key, str(code))
 
     def read_exits(self, members: set[int], attempt: int, exits: dict) -> None:
         """Into ``exits``, every unit's exit code in ``attempt`` that the store holds and ``exits`` lacks."""
         for i in sorted(members):
             if i not in exits:
-                code = self.store.read(vocab.exit_key(i, attempt))
+                code = self.live().read(vocab.exit_key(i, attempt))
                 if code is not None:
                     exits[i] = int(code)
 
     def said(self, name: str) -> bool:
         """Whether a guard said ``name`` (done, left, listening, synced): set with a good MAC."""
-        return self.store.read(name) is not None
+        return self.live().read(name) is not None
 
     def read_json(self, name: str) -> dict | None:
-        return _json(self.store.read(name))
+        return _json(self.live().read(name))
 
     def beats(self, index: int) -> int:
-        return self.store.add(vocab.heartbeat_key(index), 0)
+        return self.live().add(vocab.heartbeat_key(index), 0)
 
 
 def _json(data: bytes | None):

@@ -761,3 +761,11 @@ def test_a_guard_without_parent_holds_unit_outlives_its_parent(tmp_path):
         for p in procs:
             p.kill()
     assert json.loads((run / "job.json").read_text())["state"] == "succeeded"
+
+
+def test_the_interface_towards_an_address_is_the_one_that_holds_the_nodes_own_address_there():
+    # A link back under a new name (issue 58) leaves GLOO_SOCKET_IFNAME naming none: the guard
+    # then names the interface that leads to the attempt's MASTER_ADDR, here loopback's.
+    assert guard_child.interface_towards("127.0.0.1") == "lo"
+    assert guard_child.interface_gone("lo") is False
+    assert guard_child.interface_gone("tf-none0") is True

@@ -64,11 +64,41 @@ def test_a_host_is_back_from_standing_still_only_just_after_a_long_enough_stand(
     assert policy.back_from_standing_still(gap, since_end, node_timeout=4) is back
 
 
+CANDIDATES = [{"node": f"node-{i}", "unit": i - 1} for i in (1, 2, 3)]
+EVERY = {"node-1", "node-2", "node-3"}
+
+
 def test_the_next_master_is_inferred_in_node_order_while_enough_nodes_are_left():
-    candidates = [{"node": f"node-{i}"} for i in (1, 2, 3)]
-    assert policy.inferred_successor(candidates, 0, "node-1", 2) == "node-2"
-    assert policy.inferred_successor(candidates, 0, "node-1", 3) is None
-    assert policy.inferred_successor(candidates, 2, "node-3", 1) is None
+    assert policy.inferred_successor(CANDIDATES, 0, "node-1", 2, EVERY) == "node-2"
+    assert policy.inferred_successor(CANDIDATES, 0, "node-1", 3, EVERY) is None
+    # A store that moved on moves on again, round to the nodes before it.
+    assert policy.inferred_successor(CANDIDATES, 2, "node-3", 1, EVERY) == "node-1"
+
+
+def test_the_inferred_master_is_a_node_of_the_attempt():
+    # Issue 58: node-2, left out of the attempt, hosts nothing; the others go on at node-3.
+    assert policy.inferred_successor(CANDIDATES, 0, "node-1", 1, {"node-1", "node-3"}) == "node-3"
+    assert policy.inferred_successor(CANDIDATES, 0, "node-1", 2, {"node-1", "node-3"}) is None
+
+
+def test_a_guard_that_lost_the_store_tries_the_attempts_next_nodes_round_in_node_order():
+    assert policy.failover_order(CANDIDATES, 0, "node-1", EVERY) == [1, 2]
+    assert policy.failover_order(CANDIDATES, 1, "node-2", EVERY) == [2, 0]
+    assert policy.failover_order(CANDIDATES, 0, "node-1", {"node-1", "node-3"}) == [2]
+    assert policy.failover_order(CANDIDATES, 2, "node-3", {"node-2", "node-3"}) == [1]
+
+
+def test_a_guard_looks_for_the_runs_store_where_it_knew_it_first_and_never_on_its_own_node():
+    assert policy.search_order(CANDIDATES, 0, "node-3") == [0, 1]
+    assert policy.search_order(CANDIDATES, 1, "node-3") == [1, 0]
+    assert policy.search_order(CANDIDATES, 0, "node-1") == [1, 2]
+
+
+def test_a_master_that_stood_still_while_the_run_moved_on_follows_it_with_restarts_left():
+    moved = policy.moved("node-1", "node-2")
+    assert policy.attempt_end(True, moved, True, True) == "follow"
+    assert policy.attempt_end(True, moved, True, False) == "follow"  # its node's other guards too
+    assert policy.attempt_end(False, moved, True, True) == "final"
 
 
 def test_the_host_waits_for_units_whose_guards_still_beat():
@@ -85,6 +115,14 @@ def test_a_node_answers_once_every_unit_of_it_beats():
     assert policy.answering_hosts(nodes, units, {0, 1}) == ["a", "b"]  # a service takes no part
 
 
+def test_a_node_beats_again_only_once_its_counter_moved_in_two_looks():
+    looks = {}
+    # Issue 58: the beats queued while its link was cut arrive at once: one move, not a guard.
+    assert [policy.beats_again(looks, 2, count) for count in (7, 7, 10, 10, 10)] == [False] * 5
+    assert policy.beats_again(looks, 2, 11) is True
+    assert policy.beats_again(looks, 1, 0) is False and looks[1] == [0, 0]
+
+
 @pytest.mark.parametrize("waited, missing, lost, done", [
     (1.0, set(), set(), False),          # not before the least
     (2.0, set(), set(), True),           # every node there
@@ -95,6 +133,18 @@ def test_a_node_answers_once_every_unit_of_it_beats():
 ])
 def test_the_host_plans_the_next_attempt_once_it_has_watched_long_enough(waited, missing, lost, done):
     assert policy.answering_done(waited, least=2.0, most=12.0, missing=missing, lost=lost, rejoin_timeout=5.0) is done
+
+
+@pytest.mark.parametrize("waited, missing, done", [
+    (12.0, {"c"}, False),                # issue 58: the rejoin timeout, not cut to the most
+    (89.0, {"c"}, False),
+    (90.0, {"c"}, True),
+    (12.0, {"d"}, True),                 # a node that was not lost: the most
+    (12.0, {"c", "d"}, False),           # each missing node its own wait
+    (90.0, {"c", "d"}, True),
+])
+def test_a_lost_node_gets_the_whole_rejoin_timeout_even_past_the_most(waited, missing, done):
+    assert policy.answering_done(waited, least=2.0, most=12.0, missing=missing, lost={"c"}, rejoin_timeout=90.0) is done
 
 
 def test_an_attempts_row_opens_and_closes_with_its_cause():
