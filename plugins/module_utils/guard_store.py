@@ -18,6 +18,7 @@ import hmac
 import json
 import os
 import threading
+import time
 from datetime import timedelta
 
 try:
@@ -185,11 +186,15 @@ class StoreLink:
                 store = self.signed(TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout)))
                 store.set_timeout(op_timeout)
                 if self.gen or self.era:
-                    # A moved store: the run's own, not another's on the same port, nor one its
-                    # host left.
+                    # A moved store: the run's own, not another's on the same port. One that its
+                    # host left says so until the host takes it up again, as a new one is not
+                    # there until then: waited for alike.
+                    deadline = time.monotonic() + timeout
                     store.wait([vocab.RUN_KEY], timedelta(seconds=timeout))
-                    if store.read(vocab.RUN_KEY) != self.config["run_id"].encode():
-                        raise RuntimeError(f"the store on {host}:{port} is another run's")
+                    while store.read(vocab.RUN_KEY) != self.config["run_id"].encode():
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"the store on {host}:{port} is not this run's")
+                        time.sleep(0.2)
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError subclasses, by version
             self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self.store = None
