@@ -152,6 +152,36 @@ def test_a_frozen_master_hands_the_run_to_the_next_node(recovery):
     r.assert_nothing_left(("node-2", "node-3"))
 
 
+def test_a_master_thawed_within_the_rejoin_timeout_rejoins_as_a_worker(recovery):
+    """Issue 58: the master frozen long enough for the others to move the store to node-2, then
+    thawed: it finds the run there and rejoins, and the next attempt runs on all three nodes."""
+    r = recovery
+    launch = r.launch("master-back", 2, LONG, "-e", "launch_min_nodes=2", "-e", "launch_rejoin_timeout=60")
+    r.wait_saved("master-back", launch)
+    inner = r.freeze("node-1")
+    try:
+        # The others lose its store (a node timeout) and host the next on node-2 (as long again).
+        time.sleep(5 * NODE_TIMEOUT)
+    finally:
+        r.thaw("node-1", inner)
+    code, out = finish(launch)
+    assert code == 0, out
+    attempts = r.summary("master-back")["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == "node-1", attempts[0]
+    assert attempts[1]["nodes"] == list(NODES) and attempts[1]["world_size"] == 3, attempts[1]
+    # Its own record says where the run went; the run's record is node-2's, the store's host.
+    assert r.node_json("node-1", "master-back", "job.json")["moved_to"] == "node-2"
+    assert r.node_json("node-2", "master-back", "job.json")["state"] == "succeeded"
+    assert "found the run's store on node-2" in r.node("node-1", f"cat {RUNS}/master-back/rank-0.log")
+    second = in_attempt(r.ran("master-back"), 2)
+    # Every node again, in node order, all from one checkpoint: the resume is the exact one.
+    assert sorted((row["node"], row["rank"], row["world_size"]) for row in second) == [
+        (node, rank, 3) for rank, node in enumerate(NODES)]
+    assert len({row["resumed"] for row in second}) == 1
+    r.assert_nothing_left()
+
+
 def test_a_crash_loop_ends_early_and_names_every_attempt(recovery):
     r = recovery
     code, out = finish(r.launch("crash-loop", 3, [*CRASHED, "--crash-rank", "1", "--crash-at-step", "2",
