@@ -9,12 +9,13 @@ that was frozen, then thawed: none left running, as in the fault matrix).
 
 import os
 import signal
+import subprocess
 import time
 from datetime import datetime
 
 import pytest
 
-from .conftest import NODE_TIMEOUT, NODES, RUNS, finish
+from .conftest import NAME, NODE_TIMEOUT, NODES, RUNS, finish
 
 # Detection, the attempt's end and the next one's start, on two busy cores.
 MARGIN = 60
@@ -152,34 +153,64 @@ def test_a_frozen_master_hands_the_run_to_the_next_node(recovery):
     r.assert_nothing_left(("node-2", "node-3"))
 
 
-def test_a_master_thawed_within_the_rejoin_timeout_rejoins_as_a_worker(recovery):
-    """Issue 58: the master frozen long enough for the others to move the store to node-2, then
-    thawed: it finds the run there and rejoins, and the next attempt runs on all three nodes."""
-    r = recovery
-    launch = r.launch("master-back", 2, LONG, "-e", "launch_min_nodes=2", "-e", "launch_rejoin_timeout=60")
-    r.wait_saved("master-back", launch)
-    inner = r.freeze("node-1")
+def rejoined(r, run_id, node, fault):
+    """A run with two restarts whose ``node`` is taken away by ``fault()`` once a checkpoint is
+    saved, for as long as the others take to give it up (and to move the store), then given
+    back: that it rejoined. The next attempt runs on every node again, in node order, each
+    from the same checkpoint, so the resume is the exact one (issue 58)."""
+    launch = r.launch(run_id, 2, LONG, "-e", "launch_min_nodes=2", "-e", "launch_rejoin_timeout=60")
+    r.wait_saved(run_id, launch)
+    undo = fault()
     try:
-        # The others lose its store (a node timeout) and host the next on node-2 (as long again).
+        # A node timeout to lose it (or its store), as long again to host a store elsewhere.
         time.sleep(5 * NODE_TIMEOUT)
     finally:
-        r.thaw("node-1", inner)
+        undo()
     code, out = finish(launch)
     assert code == 0, out
-    attempts = r.summary("master-back")["attempts"]
+    attempts = r.summary(run_id)["attempts"]
     assert [a["attempt"] for a in attempts] == [1, 2]
-    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == "node-1", attempts[0]
+    assert attempts[0]["cause"]["kind"] == "node_lost" and attempts[0]["cause"]["host"] == node, attempts[0]
     assert attempts[1]["nodes"] == list(NODES) and attempts[1]["world_size"] == 3, attempts[1]
+    second = in_attempt(r.ran(run_id), 2)
+    assert sorted((row["node"], row["rank"], row["world_size"]) for row in second) == [
+        (n, rank, 3) for rank, n in enumerate(NODES)]
+    assert len({row["resumed"] for row in second}) == 1
+    r.assert_nothing_left()
+
+
+def test_a_master_thawed_within_the_rejoin_timeout_rejoins_as_a_worker(recovery):
+    """The master frozen until the others moved the store to node-2, then thawed: it finds the
+    run there and rejoins as a worker."""
+    r = recovery
+
+    def freeze():
+        inner = r.freeze("node-1")
+        return lambda: r.thaw("node-1", inner)
+    rejoined(r, "master-back", "node-1", freeze)
     # Its own record says where the run went; the run's record is node-2's, the store's host.
     assert r.node_json("node-1", "master-back", "job.json")["moved_to"] == "node-2"
     assert r.node_json("node-2", "master-back", "job.json")["state"] == "succeeded"
     assert "found the run's store on node-2" in r.node("node-1", f"cat {RUNS}/master-back/rank-0.log")
-    second = in_attempt(r.ran("master-back"), 2)
-    # Every node again, in node order, all from one checkpoint: the resume is the exact one.
-    assert sorted((row["node"], row["rank"], row["world_size"]) for row in second) == [
-        (node, rank, 3) for rank, node in enumerate(NODES)]
-    assert len({row["resumed"] for row in second}) == 1
-    r.assert_nothing_left()
+
+
+def test_a_worker_cut_off_and_back_within_the_rejoin_timeout_rejoins(recovery):
+    """node-3's endpoint on the cluster network removed, as the fault matrix does, long enough
+    for its guard to lose the store and host one of its own, then put back (under a new
+    interface name): it gives its store up, finds the run's on node-1 and rejoins."""
+    r = recovery
+    node = f"{NAME}-node-3"
+    field = f"{{{{(index .NetworkSettings.Networks \"{NAME}\").IPAddress}}}}"
+    address = subprocess.run(["docker", "inspect", "-f", field, node], check=True, capture_output=True,
+                             text=True).stdout.strip()
+
+    def cut():
+        subprocess.run(["docker", "network", "disconnect", NAME, node], check=True, capture_output=True)
+        back = ["docker", "network", "connect", "--ip", address, "--alias", "node-3", NAME, node]
+        return lambda: subprocess.run(back, check=True, capture_output=True)
+    rejoined(r, "cut-back", "node-3", cut)
+    log = r.node("node-3", f"cat {RUNS}/cut-back/rank-2.log")
+    assert "found the run's store on node-1" in log, log[-3000:]
 
 
 def test_a_crash_loop_ends_early_and_names_every_attempt(recovery):
