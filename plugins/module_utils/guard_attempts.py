@@ -254,8 +254,10 @@ class Attempts:
             if self.connect(timeout=policy.move_on_s(self.node_timeout)):
                 break
         else:
+            # No node hosts (nor can this one: a node cut off has lost its own address too):
+            # where the run's store answers again, rejoin it; else leave.
             self.moving = False
-            return self._finish_attempts(dict(cause, final=f"no node took over from the lost master {lost}"))
+            return self.rejoin(cause)
         self.moving = False
         self.say(f"[torchfleet guard] the master {lost} was lost; the run's store moved to {self.link.where['node']}")
         self._watch()
