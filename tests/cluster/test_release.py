@@ -111,3 +111,12 @@ def test_the_installed_collection_provisions_the_nodes_with_ansible_playbook(rel
               release["work"], env)
     recap = re.findall(r"^(node-\d)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=0", out, re.M)
     assert sorted(recap) == [("node-1", "0"), ("node-2", "0")], out[-2000:]
+
+
+def test_the_installed_wheel_alone_drives_this_machines_docker_engine(release):
+    # What the local cluster (torchfleet.local, the demo) needs of the controller: community.docker's
+    # modules on localhost, with the venv's Python and only the wheel's own requirements.
+    venv = release["venv"]
+    out = run([venv / "bin" / "ansible", "localhost", "-c", "local", "-m", "community.docker.docker_host_info",
+               "-e", f"ansible_python_interpreter={venv / 'bin' / 'python'}"], release["work"], release["env"])
+    assert '"host_info"' in out and '"ServerVersion"' in out, out[-2000:]
