@@ -40,7 +40,8 @@ stage() {
     # A molecule scenario's log ends with its destroy: what failed comes first, with the
     # task above each failure and what it printed.
     printf '    what failed:\n'
-    grep -n -B 3 -A 25 -E 'fatal: \[|FAILED! =>|^(FAILED|ERROR) tests/' "$log" | head -n 150 | sed 's/^/    | /' || true
+    sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -n -B 3 -A 25 -E 'fatal: \[|failed: \[|\[ERROR\]: Task failed|^(FAILED|ERROR) tests/' \
+      | head -n 150 | sed 's/^/    | /' || true
     printf '    the end of its log:\n'
     tail -n 40 "$log" | sed 's/^/    | /'
   fi
