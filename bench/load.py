@@ -21,6 +21,7 @@ Run from the repository root with the venv active:
     python bench/load.py                          # guard and restarts, 20 rounds, 2 hog workers
     python bench/load.py --rounds 5 recovery      # the recovery cases 5 times
     python bench/load.py --hog 0 restarts         # no hog: the same rounds on a quiet machine
+    python bench/load.py --together restarts recovery   # both suites at once, beside one hog
 
 Exit status 0 when every run of every test passed. ``--json FILE`` writes the counts; each suite's
 pytest output and its tests' temporary folders stay in ``--keep DIR`` (default: a new folder).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import os
 import re
@@ -114,6 +116,7 @@ def main() -> int:
     parser.add_argument("suites", nargs="*", default=["guard", "restarts"], help=f"of {', '.join(SUITES)}")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="stress-ng CPU workers (0: none)")
+    parser.add_argument("--together", action="store_true", help="run the suites at the same time, beside one hog")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--keep", help="the folder for each suite's output and temporary folders (default: a new one "
                                        "under the system's temporary folder)")
@@ -124,16 +127,29 @@ def main() -> int:
     results = {}
     folder = args.keep or tempfile.mkdtemp(prefix="load-")
     os.makedirs(folder, exist_ok=True)
-    for suite in args.suites:
+
+    def counts(suite: str, found: dict[str, list[str]], seconds: float, code: int) -> dict:
+        return {"seconds": round(seconds), "pytest_exit": code, "load_1min_at_end": round(os.getloadavg()[0], 1),
+                "tests": {t: {"runs": len(o), "passed": o.count("passed"),
+                              "outcomes": dict(collections.Counter(o))} for t, o in found.items()}}
+
+    if args.together:
+        # Each suite is load for the others too: a harder test than one suite beside the hog.
+        hog = start_hog(args.hog)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(len(args.suites)) as pool:
+                futures = {s: pool.submit(run_suite, s, args.rounds, folder) for s in args.suites}
+                for suite, future in futures.items():
+                    results[suite] = counts(suite, *future.result())
+        finally:
+            stop_hog(hog)
+    for suite in [] if args.together else args.suites:
         hog = start_hog(args.hog)
         try:
             found, seconds, code = run_suite(suite, args.rounds, folder)
         finally:
             stop_hog(hog)
-        load = os.getloadavg()[0]
-        results[suite] = {"seconds": round(seconds), "pytest_exit": code, "load_1min_at_end": round(load, 1),
-                          "tests": {t: {"runs": len(o), "passed": o.count("passed"),
-                                        "outcomes": dict(collections.Counter(o))} for t, o in found.items()}}
+        results[suite] = counts(suite, found, seconds, code)
     ok = True
     for suite, result in results.items():
         tests = result["tests"]
@@ -141,10 +157,11 @@ def main() -> int:
         passed = sum(t["passed"] for t in tests.values())
         skipped = sum(t["outcomes"].get("skipped", 0) for t in tests.values())
         print(f"\n{suite}: {passed} of {runs} runs passed ({skipped} skipped), {len(tests)} tests x {args.rounds} rounds, "
-              f"hog {args.hog} worker(s), {result['seconds']} s, load {result['load_1min_at_end']} at the end")
-        for test, counts in sorted(tests.items()):
-            mark = "" if counts["passed"] + counts["outcomes"].get("skipped", 0) == counts["runs"] else "   <--"
-            print(f"  {counts['passed']:>3}/{counts['runs']:<3} {test}{mark}")
+              f"hog {args.hog} worker(s){', beside ' + ', '.join(s for s in args.suites if s != suite) if args.together else ''}, "
+              f"{result['seconds']} s, load {result['load_1min_at_end']} at the end")
+        for test, tally in sorted(tests.items()):
+            mark = "" if tally["passed"] + tally["outcomes"].get("skipped", 0) == tally["runs"] else "   <--"
+            print(f"  {tally['passed']:>3}/{tally['runs']:<3} {test}{mark}")
         ok = ok and result["pytest_exit"] == 0 and runs == passed + skipped and runs > 0
     print(f"\noutput, reports and the tests' temporary folders: {folder}")
     if args.json:
