@@ -51,8 +51,9 @@ def pytest_collection_modifyitems(items):
 def recovery():
     """Three docker hosts, provisioned; removed at the end, thawed first if a case failed
     with a node frozen. Their inventory and runs live in the state folder, not in pytest's
-    temporary ones, which another pytest session on this machine may prune meanwhile."""
-    folder = Path(ENV["TORCHFLEET_STATE_DIR"]) / "recovery-tests"
+    temporary ones, which another pytest session on this machine may prune meanwhile; the
+    folder is named after the cluster, so that two prefixes' sessions run side by side."""
+    folder = Path(ENV["TORCHFLEET_STATE_DIR"]) / NAME
     shutil.rmtree(folder, ignore_errors=True)
     inventory_dir, runs_dir = folder / "inventory", folder / "runs"
     runs_dir.mkdir(parents=True)
