@@ -22,6 +22,7 @@ Run from the repository root with the venv active:
     python bench/load.py --rounds 5 recovery      # the recovery cases 5 times
     python bench/load.py --hog 0 restarts         # no hog: the same rounds on a quiet machine
     python bench/load.py --together restarts recovery   # both suites at once, beside one hog
+    python bench/load.py --minutes 90 recovery    # as many whole rounds as start within 90 minutes
 
 Exit status 0 when every run of every test passed. ``--json FILE`` writes the counts; each suite's
 pytest output and its tests' temporary folders stay in ``--keep DIR`` (default: a new folder).
@@ -89,26 +90,33 @@ def outcomes(report: str) -> dict[str, list[str]]:
     return dict(found)
 
 
-def run_suite(name: str, rounds: int, folder: str) -> tuple[dict[str, list[str]], float, int]:
+def run_suite(name: str, rounds: int, folder: str, until: float = 0) -> tuple[dict[str, list[str]], float, int]:
     """The suite's rounds; pytest's output (``NAME.log``), its report and each test's temporary
     folder (what a failed test's guards wrote) are kept in ``folder``."""
     report = os.path.join(folder, f"{name}.xml")
+    log = os.path.join(folder, f"{name}.log")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "load_rounds", "--rounds", str(rounds),
-                           "-p", "no:cacheprovider", f"--junitxml={report}",
-                           f"--basetemp={os.path.join(folder, name + '-tmp')}", *SUITES[name]],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Written as it runs, a line a test, so that a round that failed can be read before the end.
+    with open(log, "w") as fh:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "load_rounds", "--rounds", str(rounds),
+                               "--rounds-until", str(until), "-p", "no:cacheprovider", f"--junitxml={report}",
+                               f"--basetemp={os.path.join(folder, name + '-tmp')}", *SUITES[name]],
+                              stdout=fh, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     seconds = time.monotonic() - started
-    with open(os.path.join(folder, f"{name}.log"), "w") as fh:
-        fh.write(done.stdout)
-    tail = done.stdout.strip().splitlines()[-60:]
-    if done.returncode not in (0, 1):
+    with open(log) as fh:
+        text = fh.read()
+    tail = text.strip().splitlines()[-60:]
+    code = done.returncode
+    if code == 2 and "after --rounds-until" in text:
+        # pytest's exit for a session ended early; the rounds that ran are in the report.
+        code = 0
+    if code not in (0, 1):
         print("\n".join(tail))
     if not os.path.exists(report):
-        return {}, seconds, done.returncode
-    if done.returncode == 1:
+        return {}, seconds, code
+    if code == 1:
         print("\n".join(line for line in tail if line.startswith(("FAILED", "ERROR")) or "Error" in line))
-    return outcomes(report), seconds, done.returncode
+    return outcomes(report), seconds, code
 
 
 def main() -> int:
@@ -116,6 +124,8 @@ def main() -> int:
     parser.add_argument("suites", nargs="*", default=["guard", "restarts"], help=f"of {', '.join(SUITES)}")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="stress-ng CPU workers (0: none)")
+    parser.add_argument("--minutes", type=float, default=0,
+                        help="start no round after this many minutes: the rounds that ran are counted (0: no limit)")
     parser.add_argument("--together", action="store_true", help="run the suites at the same time, beside one hog")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--keep", help="the folder for each suite's output and temporary folders (default: a new one "
@@ -125,6 +135,7 @@ def main() -> int:
     if unknown:
         parser.error(f"no suite {', '.join(unknown)}; the suites are {', '.join(SUITES)}")
     results = {}
+    until = time.time() + args.minutes * 60 if args.minutes else 0
     folder = args.keep or tempfile.mkdtemp(prefix="load-")
     os.makedirs(folder, exist_ok=True)
 
@@ -138,7 +149,7 @@ def main() -> int:
         hog = start_hog(args.hog)
         try:
             with concurrent.futures.ThreadPoolExecutor(len(args.suites)) as pool:
-                futures = {s: pool.submit(run_suite, s, args.rounds, folder) for s in args.suites}
+                futures = {s: pool.submit(run_suite, s, args.rounds, folder, until) for s in args.suites}
                 for suite, future in futures.items():
                     results[suite] = counts(suite, *future.result())
         finally:
@@ -146,7 +157,7 @@ def main() -> int:
     for suite in [] if args.together else args.suites:
         hog = start_hog(args.hog)
         try:
-            found, seconds, code = run_suite(suite, args.rounds, folder)
+            found, seconds, code = run_suite(suite, args.rounds, folder, until)
         finally:
             stop_hog(hog)
         results[suite] = counts(suite, found, seconds, code)
@@ -156,7 +167,8 @@ def main() -> int:
         runs = sum(t["runs"] for t in tests.values())
         passed = sum(t["passed"] for t in tests.values())
         skipped = sum(t["outcomes"].get("skipped", 0) for t in tests.values())
-        print(f"\n{suite}: {passed} of {runs} runs passed ({skipped} skipped), {len(tests)} tests x {args.rounds} rounds, "
+        done = max((t["runs"] for t in tests.values()), default=0)
+        print(f"\n{suite}: {passed} of {runs} runs passed ({skipped} skipped), {len(tests)} tests x {done} of {args.rounds} rounds, "
               f"hog {args.hog} worker(s){', beside ' + ', '.join(s for s in args.suites if s != suite) if args.together else ''}, "
               f"{result['seconds']} s, load {result['load_1min_at_end']} at the end")
         for test, tally in sorted(tests.items()):
