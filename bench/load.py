@@ -23,6 +23,7 @@ Run from the repository root with the venv active:
     python bench/load.py --hog 0 restarts         # no hog: the same rounds on a quiet machine
     python bench/load.py --together restarts recovery   # both suites at once, beside one hog
     python bench/load.py --minutes 90 recovery    # as many whole rounds as start within 90 minutes
+    python bench/load.py -k crashed recovery      # only the tests that match, as pytest's -k
 
 Exit status 0 when every run of every test passed. ``--json FILE`` writes the counts; each suite's
 pytest output and its tests' temporary folders stay in ``--keep DIR`` (default: a new folder).
@@ -90,7 +91,7 @@ def outcomes(report: str) -> dict[str, list[str]]:
     return dict(found)
 
 
-def run_suite(name: str, rounds: int, folder: str, until: float = 0) -> tuple[dict[str, list[str]], float, int]:
+def run_suite(name: str, rounds: int, folder: str, until: float = 0, select: str = "") -> tuple[dict[str, list[str]], float, int]:
     """The suite's rounds; pytest's output (``NAME.log``), its report and each test's temporary
     folder (what a failed test's guards wrote) are kept in ``folder``."""
     report = os.path.join(folder, f"{name}.xml")
@@ -100,7 +101,8 @@ def run_suite(name: str, rounds: int, folder: str, until: float = 0) -> tuple[di
     with open(log, "w") as fh:
         done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "load_rounds", "--rounds", str(rounds),
                                "--rounds-until", str(until), "-p", "no:cacheprovider", f"--junitxml={report}",
-                               f"--basetemp={os.path.join(folder, name + '-tmp')}", *SUITES[name]],
+                               f"--basetemp={os.path.join(folder, name + '-tmp')}", *(["-k", select] if select else []),
+                               *SUITES[name]],
                               stdout=fh, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     seconds = time.monotonic() - started
     with open(log) as fh:
@@ -126,6 +128,7 @@ def main() -> int:
     parser.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="stress-ng CPU workers (0: none)")
     parser.add_argument("--minutes", type=float, default=0,
                         help="start no round after this many minutes: the rounds that ran are counted (0: no limit)")
+    parser.add_argument("-k", dest="select", default="", help="only the tests that match, as pytest's -k")
     parser.add_argument("--together", action="store_true", help="run the suites at the same time, beside one hog")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--keep", help="the folder for each suite's output and temporary folders (default: a new one "
@@ -149,7 +152,7 @@ def main() -> int:
         hog = start_hog(args.hog)
         try:
             with concurrent.futures.ThreadPoolExecutor(len(args.suites)) as pool:
-                futures = {s: pool.submit(run_suite, s, args.rounds, folder, until) for s in args.suites}
+                futures = {s: pool.submit(run_suite, s, args.rounds, folder, until, args.select) for s in args.suites}
                 for suite, future in futures.items():
                     results[suite] = counts(suite, *future.result())
         finally:
@@ -157,7 +160,7 @@ def main() -> int:
     for suite in [] if args.together else args.suites:
         hog = start_hog(args.hog)
         try:
-            found, seconds, code = run_suite(suite, args.rounds, folder, until)
+            found, seconds, code = run_suite(suite, args.rounds, folder, until, args.select)
         finally:
             stop_hog(hog)
         results[suite] = counts(suite, found, seconds, code)

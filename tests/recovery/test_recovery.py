@@ -34,7 +34,9 @@ def clean_start(recovery):
     yield
 
 
-@pytest.fixture(scope="module")
+# Once a session: bench/load.py's rounds leave this module for the others in every round, and a
+# module's fixture made again would launch "reference" once more, an id the nodes refuse.
+@pytest.fixture(scope="session")
 def reference(recovery):
     """The crash case's run without the crash: same seed, settings and nodes, restarts on."""
     code, out = finish(recovery.launch("reference", 1, CRASHED))
