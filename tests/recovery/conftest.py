@@ -71,7 +71,9 @@ def recovery():
 def fresh_round(request, recovery):
     """bench/load.py runs every case several times in one session (tests/load_rounds.py). A
     round's runs reuse the last round's ids, which the nodes and the runs folder refuse (and
-    whose checkpoints a run would resume from): each round after the first starts without them."""
+    whose checkpoints a run would resume from): each round after the first starts without them
+    on the nodes. The controller's copies (summaries, collected logs) move to rounds/K/ beside
+    the runs folder, so that a round that failed can still be read after the next one."""
     callspec = getattr(request.node, "callspec", None)
     number = callspec.params.get("load_round", 1) if callspec else 1
     if number > 1 and number not in recovery.rounds:
@@ -79,8 +81,10 @@ def fresh_round(request, recovery):
         for node in NODES:
             # The exited containers too: a launch saves their logs into their run's folder.
             recovery.node(node, f"docker ps -aq --filter label=torchfleet.run | xargs -r docker rm -f; rm -rf {RUNS}/*")
+        kept = recovery.runs_dir.parent / "rounds" / str(number - 1)
+        kept.mkdir(parents=True, exist_ok=True)
         for folder in recovery.runs_dir.iterdir():
-            shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+            shutil.move(folder, kept / folder.name)
 
 
 class Recovery(ClusterCli):
