@@ -86,6 +86,8 @@ def outcomes(report: str) -> dict[str, list[str]]:
     """Each test's outcome in every round: passed, failed, error or skipped."""
     found: dict[str, list[str]] = collections.defaultdict(list)
     for case in ET.parse(report).getroot().iter("testcase"):
+        if not case.get("name"):
+            continue  # what an interrupted session (Ctrl-C) writes for the test it cut short
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
         found[test_name(case)].append({"failure": "failed"}.get(kinds[0], kinds[0]) if kinds else "passed")
     return dict(found)
