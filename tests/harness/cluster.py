@@ -144,9 +144,19 @@ class ClusterCli:
         return inner
 
     def thaw(self, node, inner):
+        """The node, then its rank containers, each until docker says it is no longer paused: a
+        rank container left paused keeps its guard's ports, and the next run's ranks on that
+        node meet a listener that never answers (a load round's next case failed so)."""
         subprocess.run(["docker", "unpause", f"{self.name}-{node}"], check=True, capture_output=True)
-        if inner:
-            self.node(node, "docker unpause " + " ".join(inner), check=False)
+        for container in inner:
+            for _ in range(10):
+                node_sh(self.name, node, f"docker unpause {container}", check=False)
+                still = node_sh(self.name, node, f"docker inspect -f '{{{{.State.Paused}}}}' {container}", check=False)
+                if still.returncode != 0 or still.stdout.strip() == "false":
+                    break  # running again, or removed meanwhile
+                time.sleep(1)
+            else:
+                raise AssertionError(f"{node}: {container} stayed paused after 10 docker unpause")
 
     def summary(self, run_id):
         return json.loads((self.runs_dir / run_id / "summary.json").read_text())
