@@ -157,6 +157,24 @@ class ClusterCli:
                 time.sleep(1)
             else:
                 raise AssertionError(f"{node}: {container} stayed paused after 10 docker unpause")
+        self.wait_reachable(node)
+
+    def wait_reachable(self, node, timeout=120):
+        """Until the controller's SSH reaches ``node`` again, with the cases' own SSH settings: a
+        thawed node wakes every process at once, and on a loaded machine the next case's first
+        connection to it gave up after ConnectTimeout (the node timeout), failing that case's
+        launch (exit 3, the node unreachable) before any fault. The connection made here stays
+        open (ControlPersist) for the next case to reuse."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = subprocess.run([str(Path(sys.executable).parent / "ansible"), node, "-i", str(self.inventory_dir),
+                                   "-m", "ansible.builtin.raw", "-a", "true"], capture_output=True, text=True,
+                                  env=self.env, cwd=ROOT)
+            if done.returncode == 0 and done.stdout.startswith(f"{node} |"):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{node} not reachable over SSH {timeout}s after its thaw: {done.stdout[-500:]}")
+            time.sleep(1)
 
     def summary(self, run_id):
         return json.loads((self.runs_dir / run_id / "summary.json").read_text())
