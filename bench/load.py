@@ -144,7 +144,7 @@ def main() -> int:
     folder = args.keep or tempfile.mkdtemp(prefix="load-")
     os.makedirs(folder, exist_ok=True)
 
-    def counts(suite: str, found: dict[str, list[str]], seconds: float, code: int) -> dict:
+    def counts(found: dict[str, list[str]], seconds: float, code: int) -> dict:
         return {"seconds": round(seconds), "pytest_exit": code, "load_1min_at_end": round(os.getloadavg()[0], 1),
                 "tests": {t: {"runs": len(o), "passed": o.count("passed"),
                               "outcomes": dict(collections.Counter(o))} for t, o in found.items()}}
@@ -156,16 +156,17 @@ def main() -> int:
             with concurrent.futures.ThreadPoolExecutor(len(args.suites)) as pool:
                 futures = {s: pool.submit(run_suite, s, args.rounds, folder, until, args.select) for s in args.suites}
                 for suite, future in futures.items():
-                    results[suite] = counts(suite, *future.result())
+                    results[suite] = counts(*future.result())
         finally:
             stop_hog(hog)
-    for suite in [] if args.together else args.suites:
-        hog = start_hog(args.hog)
-        try:
-            found, seconds, code = run_suite(suite, args.rounds, folder, until, args.select)
-        finally:
-            stop_hog(hog)
-        results[suite] = counts(suite, found, seconds, code)
+    else:
+        for suite in args.suites:
+            hog = start_hog(args.hog)
+            try:
+                found, seconds, code = run_suite(suite, args.rounds, folder, until, args.select)
+            finally:
+                stop_hog(hog)
+            results[suite] = counts(found, seconds, code)
     ok = True
     for suite, result in results.items():
         tests = result["tests"]

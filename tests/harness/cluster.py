@@ -144,9 +144,9 @@ class ClusterCli:
         return inner
 
     def thaw(self, node, inner):
-        """The node, then its rank containers, each until docker says it is no longer paused: a
-        rank container left paused keeps its guard's ports, and the next run's ranks on that
-        node meet a listener that never answers (a load round's next case failed so)."""
+        """The node, then its rank containers, each until docker says it is no longer paused (a
+        failed unpause was once ignored, leaving a rank and its guard frozen for the next case),
+        then until the controller reaches the node again."""
         subprocess.run(["docker", "unpause", f"{self.name}-{node}"], check=True, capture_output=True)
         for container in inner:
             for _ in range(10):
